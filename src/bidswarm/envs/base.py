@@ -1,0 +1,129 @@
+"""The text-environment interface every task implements, and the fork contract.
+
+A task is a text world shared by a swarm of role-specialised agents. Each decision step at most
+one agent acts (the auction picks it); the environment turns that agent's reply into a change of
+the world and a reward. The rollout loop, the scripted experts and the fork machinery only ever
+talk to a task through this interface.
+
+The fork contract (DESIGN.md): ``snapshot()`` returns plain data that holds **everything** that
+decides the future (world, inventory or pose, decision counter, metric state, RNG state), shares
+no mutable object with the live environment, and ``restore(state)`` brings the environment back
+to exactly that point, so that replaying the same actions gives the same observations and rewards.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+MONOLITHIC = None
+"""``actor_role`` of a single agent that owns every role's actions (the monolithic baseline)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one decision step returned.
+
+    reward:  environment reward of this step (milestones, progress, ...).
+    done:    the episode ended (target reached, or the decision budget is spent).
+    valid:   the reply parsed to an action the acting role owns; an invalid reply is a wasted
+             turn, never an exception.
+    message: feedback shown in the next observation ("'craft stone' is not an instruction ...").
+    """
+
+    reward: float
+    done: bool
+    valid: bool = True
+    message: str = ""
+
+
+@dataclass
+class TaskConfig:
+    """Fields every task config has; each task extends it with its own dataclass."""
+
+    name: str = "???"
+    max_decisions: int = 120
+    n_train_seeds: int = 1000
+    n_heldout_seeds: int = 32
+    heldout_seed_offset: int = 1_000_000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TextEnv(abc.ABC):
+    """A multi-role text environment with restorable state (see the module docstring)."""
+
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
+    roles: tuple[str, ...] = ()
+
+    def __init__(self, config: TaskConfig):
+        self.config = config
+
+    # -- seeds ---------------------------------------------------------------------------------
+    def train_seeds(self) -> list[int]:
+        """World seeds used for training; disjoint from :meth:`heldout_seeds`."""
+        return list(range(self.config.n_train_seeds))
+
+    def heldout_seeds(self) -> list[int]:
+        """World seeds reserved for held-out evaluation."""
+        off = self.config.heldout_seed_offset
+        return list(range(off, off + self.config.n_heldout_seeds))
+
+    # -- text for prompts ----------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def task_description(self) -> str:
+        """One paragraph: the team's goal, shown to every agent."""
+
+    @abc.abstractmethod
+    def role_description(self, role: str | None) -> str:
+        """What ``role`` can do and the exact reply format of its actions (None: all roles)."""
+
+    # -- episode -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def reset(self, seed: int) -> None:
+        """Start a new episode in the world of ``seed``."""
+
+    @abc.abstractmethod
+    def observation(self, role: str | None) -> str:
+        """The local context text of ``role`` (None: the monolithic agent) at this step."""
+
+    @abc.abstractmethod
+    def step(self, actor_role: str | None, action: str) -> StepResult:
+        """Carry out ``action`` (raw model reply) by an agent of ``actor_role``."""
+
+    @abc.abstractmethod
+    def skip(self) -> StepResult:
+        """A step with no actor (every bid was 0): the world does not advance, the budget does."""
+
+    @property
+    @abc.abstractmethod
+    def decisions_made(self) -> int:
+        """Decision steps taken in this episode, skipped steps included."""
+
+    @property
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """Whether the episode has ended."""
+
+    @abc.abstractmethod
+    def episode_metrics(self) -> dict[str, float]:
+        """Task metrics of the episode so far (milestones reached, success, ...), all floats."""
+
+    # -- fork contract -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def snapshot(self) -> Any:
+        """Plain data holding everything that decides the future; shares nothing with ``self``."""
+
+    @abc.abstractmethod
+    def restore(self, state: Any) -> None:
+        """Return to ``state``; ``state`` stays reusable (restore twice gives the same future)."""
+
+    # -- scripted experts ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def expert_action(self, role: str | None) -> str | None:
+        """A sensible reply for ``role`` now, using only its own actions; None: nothing useful."""
+
+    @abc.abstractmethod
+    def expert_bid(self, role: str) -> float:
+        """The hand-written bidding rule of the scripted experts, a value in [0, 1]."""

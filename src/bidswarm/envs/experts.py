@@ -1,0 +1,82 @@
+"""Joint play of the scripted experts under their hand-written bidding rule.
+
+Used for SFT demonstrations (PAPER.md section 5: each agent learns only its own role's
+demonstrations) and to show that a task is solvable (the ceiling a trained swarm can reach).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from bidswarm.envs.base import TextEnv
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One supervised example: what ``role`` saw and what its expert replied.
+
+    kind: ``bid`` (reply is the bid level as text) or ``action`` (reply is the action text).
+    role: None for the monolithic agent's copy of an action demonstration.
+    """
+
+    kind: str
+    role: str | None
+    observation: str
+    reply: str
+
+
+@dataclass
+class ExpertEpisode:
+    seed: int
+    total_reward: float = 0.0
+    decisions: int = 0
+    skipped: int = 0
+    actors: list[str | None] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    demonstrations: list[Demonstration] = field(default_factory=list)
+
+
+def snap_to_level(value: float, levels: list[float]) -> float:
+    """The bid level nearest to ``value`` (ties go to the lower level)."""
+    return min(levels, key=lambda level: (abs(level - value), level))
+
+
+def format_bid(level: float) -> str:
+    """The canonical text of a bid reply, e.g. ``0.6``."""
+    return f"{level:.1f}"
+
+
+def play_expert_episode(env: TextEnv, seed: int, bid_levels: list[float]) -> ExpertEpisode:
+    """Run the experts on world ``seed``: highest expert bid acts, ties uniform, all-zero skips."""
+    rng = random.Random(seed)
+    env.reset(seed)
+    episode = ExpertEpisode(seed=seed)
+    while not env.done:
+        observations = {role: env.observation(role) for role in env.roles}
+        bids = {role: snap_to_level(env.expert_bid(role), bid_levels) for role in env.roles}
+        for role in env.roles:
+            episode.demonstrations.append(
+                Demonstration("bid", role, observations[role], format_bid(bids[role]))
+            )
+        top = max(bids.values())
+        if top <= 0.0:
+            result = env.skip()
+            episode.skipped += 1
+            episode.actors.append(None)
+        else:
+            actor = rng.choice([role for role, bid in bids.items() if bid == top])
+            action = env.expert_action(actor) or ""
+            monolithic_observation = env.observation(None)
+            result = env.step(actor, action)
+            episode.actors.append(actor)
+            episode.demonstrations.append(
+                Demonstration("action", actor, observations[actor], action)
+            )
+            episode.demonstrations.append(
+                Demonstration("action", None, monolithic_observation, action)
+            )
+        episode.total_reward += result.reward
+        episode.decisions += 1
+    episode.metrics = env.episode_metrics()
+    return episode
