@@ -1,0 +1,110 @@
+"""Loss terms of MPT: REINFORCE on action tokens (Eq. 2) and Bradley–Terry on bids (Eq. 3).
+
+Pure functions of tensors that return named terms; the training module sums and logs them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+NORMALIZATIONS = ("token_mean", "sequence_sum")
+
+
+def reinforce_loss(
+    token_logprobs: Tensor,
+    mask: Tensor,
+    credits: Tensor,
+    normalization: str = "token_mean",
+) -> dict[str, Tensor]:
+    """Eq. 2 of MPT: the REINFORCE loss of ONE agent on its action tokens.
+
+    The advantage of each acting step is its credit minus the mean credit of this agent's
+    acting steps in the batch (the per-agent mean baseline), so a batch of equal credits gives
+    no gradient. Credits are data: no gradient flows into them.
+
+    Args:
+        token_logprobs: log pi(token) of the action reply, shape [B, L] (B acting steps).
+        mask: 1 on the action tokens to train, 0 on prompt and padding, shape [B, L].
+        credits: credit c_t of each acting step, shape [B].
+        normalization: ``token_mean``: -sum_b(adv_b * sum_l logp_bl m_bl) / sum(m);
+            ``sequence_sum``: -mean_b(adv_b * sum_l logp_bl m_bl).
+
+    Returns:
+        {"loss_action": scalar, "advantage_abs_mean": scalar, detached}.
+    """
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if token_logprobs.dim() != 2 or mask.shape != token_logprobs.shape:
+        raise ValueError(
+            "token_logprobs and mask must both have shape [B, L], got "
+            f"{tuple(token_logprobs.shape)} and {tuple(mask.shape)}"
+        )
+    if credits.shape != token_logprobs.shape[:1]:
+        raise ValueError(
+            f"credits must have shape [B] = [{token_logprobs.shape[0]}], got {tuple(credits.shape)}"
+        )
+    if token_logprobs.shape[0] == 0:
+        raise ValueError("reinforce_loss needs at least one acting step; skip agents that idled")
+    mask = mask.to(token_logprobs.dtype)
+    credits = credits.detach().to(token_logprobs.dtype)
+    advantages = credits - credits.mean()
+    # where() rather than a product so that -inf log-probs on masked-out padding stay harmless.
+    masked_logprobs = torch.where(mask > 0, token_logprobs * mask, torch.zeros_like(mask))
+    sequence_logprobs = masked_logprobs.sum(dim=1)
+    weighted = advantages * sequence_logprobs
+    if normalization == "token_mean":
+        loss = -weighted.sum() / mask.sum().clamp_min(1.0)
+    else:
+        loss = -weighted.mean()
+    return {"loss_action": loss, "advantage_abs_mean": advantages.abs().mean().detach()}
+
+
+def bradley_terry_loss(
+    logp_winner: Tensor, logp_loser: Tensor, beta: float = 1.0
+) -> dict[str, Tensor]:
+    """Eq. 3 of MPT: Bradley–Terry preference loss on the winner's two bid replies.
+
+    loss = mean_p -log sigmoid(beta * (logp_w - logp_l)), with no reference model.
+
+    Args:
+        logp_winner: summed log-prob of the preferred bid reply's tokens, shape [P].
+        logp_loser: summed log-prob of the other bid reply's tokens (same context), shape [P].
+        beta: scale of the log-prob margin (default 1, as in the paper).
+
+    Returns:
+        {"loss_bid": scalar, "preference_accuracy": fraction of pairs with logp_w > logp_l,
+        detached}.
+    """
+    if logp_winner.dim() != 1 or logp_winner.shape != logp_loser.shape:
+        raise ValueError(
+            "logp_winner and logp_loser must both have shape [P], got "
+            f"{tuple(logp_winner.shape)} and {tuple(logp_loser.shape)}"
+        )
+    if logp_winner.shape[0] == 0:
+        raise ValueError("bradley_terry_loss needs at least one preference pair")
+    if not (math.isfinite(beta) and beta > 0.0):
+        raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
+    margin = logp_winner - logp_loser
+    loss = -F.logsigmoid(beta * margin).mean()
+    accuracy = (margin > 0).to(margin.dtype).mean().detach()
+    return {"loss_bid": loss, "preference_accuracy": accuracy}
+
+
+def fork_preference(original_score: float, branch_score: float) -> int:
+    """Which branch of a counterfactual fork is preferred (section 4 of MPT).
+
+    Returns:
+        +1 when the original branch scored higher, -1 when the counterfactual branch did,
+        0 on a tie (the pair is dropped).
+    """
+    if math.isnan(original_score) or math.isnan(branch_score):
+        raise ValueError(f"branch scores must be numbers, got {original_score!r}, {branch_score!r}")
+    if original_score > branch_score:
+        return 1
+    if original_score < branch_score:
+        return -1
+    return 0

@@ -1,0 +1,331 @@
+"""Property tests of MPT's pure math: auction (Eq. 1), credit (Eq. 2) and losses (Eqs. 2-3)."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bidswarm.algorithms import (
+    CREDIT_RULES,
+    AuctionOutcome,
+    bradley_terry_loss,
+    bucket_brigade_credit,
+    episode_return_credit,
+    fork_preference,
+    random_bid_credit,
+    reinforce_loss,
+    run_auction,
+)
+
+BID_LEVELS = (0.0, 0.2, 0.4, 0.6, 0.8)
+
+rewards_strategy = st.lists(
+    st.floats(min_value=-100.0, max_value=100.0, allow_nan=False), min_size=0, max_size=60
+)
+
+
+def _episode(draw: st.DrawFn) -> tuple[list[float], list[float]]:
+    rewards = draw(rewards_strategy)
+    bids = draw(
+        st.lists(
+            st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+            min_size=len(rewards),
+            max_size=len(rewards),
+        )
+    )
+    return rewards, bids
+
+
+episodes = st.composite(_episode)()
+
+
+def _conserves(credits: list[float], discarded: float, rewards: list[float]) -> bool:
+    return math.isclose(sum(credits) + discarded, sum(rewards), rel_tol=1e-9, abs_tol=1e-9)
+
+
+# --- auction (Eq. 1) ---------------------------------------------------------------------
+
+
+@given(st.lists(st.sampled_from(BID_LEVELS), min_size=1, max_size=8), st.integers(0, 2**32))
+def test_auction_winner_holds_the_highest_bid(bids: list[float], seed: int) -> None:
+    outcome = run_auction(bids, random.Random(seed))
+    if max(bids) == 0.0:
+        assert outcome.skipped and not outcome.contested
+        return
+    assert outcome.winner is not None
+    assert bids[outcome.winner] == max(bids) == outcome.winning_bid
+    others = [bid for index, bid in enumerate(bids) if index != outcome.winner]
+    expected_runner_up_bid = max(others, default=0.0)
+    assert outcome.runner_up_bid == expected_runner_up_bid
+    assert outcome.contested == (expected_runner_up_bid > 0.0)
+    if outcome.runner_up is None:
+        assert expected_runner_up_bid == 0.0
+    else:
+        assert outcome.runner_up != outcome.winner
+        assert bids[outcome.runner_up] == outcome.runner_up_bid
+
+
+def test_auction_all_zero_bids_skip_the_step() -> None:
+    outcome = run_auction([0.0, 0.0, 0.0], random.Random(0))
+    assert outcome == AuctionOutcome(None, 0.0, None, 0.0)
+    assert outcome.skipped and not outcome.contested
+
+
+def test_auction_three_way_tie_is_uniform_and_contested() -> None:
+    rng = random.Random(1234)
+    winners: Counter[int] = Counter()
+    draws = 3000
+    for _ in range(draws):
+        outcome = run_auction([0.6, 0.2, 0.6, 0.6], rng)
+        assert outcome.contested and outcome.runner_up_bid == outcome.winning_bid == 0.6
+        assert outcome.runner_up in {0, 2, 3} and outcome.runner_up != outcome.winner
+        winners[outcome.winner] += 1
+    assert set(winners) == {0, 2, 3}
+    for count in winners.values():
+        assert 0.28 <= count / draws <= 0.39
+
+
+def test_auction_lone_positive_bid_is_uncontested() -> None:
+    outcome = run_auction([0.0, 0.4, 0.0], random.Random(0))
+    assert outcome.winner == 1 and outcome.runner_up is None
+    assert not outcome.contested and not outcome.skipped
+
+
+def test_auction_rejects_negative_or_missing_bids() -> None:
+    with pytest.raises(ValueError, match="agent 1"):
+        run_auction([0.2, -0.2], random.Random(0))
+    with pytest.raises(ValueError, match="at least one bid"):
+        run_auction([], random.Random(0))
+
+
+# --- credit (Eq. 2) ----------------------------------------------------------------------
+
+
+def test_bucket_brigade_worked_example() -> None:
+    credits, discarded = bucket_brigade_credit([0.0, 0.0, 10.0], [0.8, 0.4, 0.6])
+    assert credits == pytest.approx([0.48, 3.6, 4.0], abs=1e-12)
+    assert discarded == pytest.approx(1.92, abs=1e-12)
+
+
+def test_credit_of_an_empty_episode() -> None:
+    assert bucket_brigade_credit([], []) == ([], 0.0)
+    assert random_bid_credit([], random.Random(0), BID_LEVELS) == ([], 0.0)
+    assert episode_return_credit([]) == ([], 0.0)
+
+
+@given(episodes)
+def test_bucket_brigade_conserves_the_return(episode: tuple[list[float], list[float]]) -> None:
+    rewards, bids = episode
+    credits, discarded = bucket_brigade_credit(rewards, bids)
+    assert len(credits) == len(rewards)
+    assert _conserves(credits, discarded, rewards)
+
+
+@given(rewards_strategy, st.integers(0, 2**32))
+def test_random_credit_conserves_the_return(rewards: list[float], seed: int) -> None:
+    credits, discarded = random_bid_credit(rewards, random.Random(seed), BID_LEVELS)
+    assert len(credits) == len(rewards)
+    assert _conserves(credits, discarded, rewards)
+
+
+def test_random_credit_is_the_brigade_over_drawn_bids() -> None:
+    rewards = [1.0, 0.0, 3.0, 5.0]
+    rng = random.Random(7)
+    drawn_bids = [rng.choice(BID_LEVELS) for _ in rewards]
+    assert random_bid_credit(rewards, random.Random(7), BID_LEVELS) == bucket_brigade_credit(
+        rewards, drawn_bids
+    )
+
+
+def test_episode_return_credit_gives_every_step_the_return() -> None:
+    assert episode_return_credit([1.0, -2.0, 4.0]) == ([3.0, 3.0, 3.0], 0.0)
+
+
+def test_credit_rules_share_one_signature() -> None:
+    rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
+    assert set(CREDIT_RULES) == {"bucket_brigade", "random", "episode_return"}
+    assert CREDIT_RULES["bucket_brigade"](
+        rewards, bids, random.Random(0), BID_LEVELS
+    ) == bucket_brigade_credit(rewards, bids)
+    assert CREDIT_RULES["random"](rewards, bids, random.Random(3), BID_LEVELS) == random_bid_credit(
+        rewards, random.Random(3), BID_LEVELS
+    )
+    assert CREDIT_RULES["episode_return"](
+        rewards, bids, random.Random(0), BID_LEVELS
+    ) == episode_return_credit(rewards)
+
+
+def test_bucket_brigade_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="one entry per acting step"):
+        bucket_brigade_credit([1.0, 2.0], [0.4])
+    with pytest.raises(ValueError, match="step 1"):
+        bucket_brigade_credit([1.0, 2.0], [0.4, 1.5])
+
+
+# --- REINFORCE (Eq. 2) -------------------------------------------------------------------
+
+
+def _logprob_leaf(batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, length, generator=generator, dtype=torch.float64)
+    return (-torch.nn.functional.softplus(logits)).requires_grad_(True)
+
+
+@pytest.mark.parametrize("normalization", ["token_mean", "sequence_sum"])
+def test_reinforce_gradient_reaches_only_masked_tokens(normalization: str) -> None:
+    logprobs = _logprob_leaf(3, 5)
+    mask = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    credits = torch.tensor([1.0, -2.0, 7.0], dtype=torch.float64)  # advantages (-1, -4, 5)
+    reinforce_loss(logprobs, mask, credits, normalization)["loss_action"].backward()
+    assert logprobs.grad is not None
+    assert torch.all(logprobs.grad[~mask] == 0.0)
+    assert torch.all(logprobs.grad[mask] != 0.0)
+
+
+def test_reinforce_ignores_infinite_logprobs_on_padding() -> None:
+    logprobs = _logprob_leaf(2, 3).detach().clone()
+    logprobs[0, 2] = -math.inf
+    logprobs.requires_grad_(True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    result = reinforce_loss(logprobs, mask, torch.tensor([0.0, 1.0], dtype=torch.float64))
+    result["loss_action"].backward()
+    assert torch.isfinite(result["loss_action"]) and torch.all(torch.isfinite(logprobs.grad))
+
+
+def test_reinforce_equal_credits_give_no_gradient() -> None:
+    logprobs = _logprob_leaf(4, 6)
+    mask = torch.ones(4, 6)
+    result = reinforce_loss(logprobs, mask, torch.full((4,), 7.5, dtype=torch.float64))
+    result["loss_action"].backward()
+    assert result["advantage_abs_mean"].item() == 0.0
+    assert torch.all(logprobs.grad == 0.0)
+
+
+@pytest.mark.parametrize("normalization", ["token_mean", "sequence_sum"])
+def test_reinforce_step_raises_logprob_of_higher_credit(normalization: str) -> None:
+    logits = torch.zeros(3, 4, requires_grad=True)
+    mask = torch.ones(3, 4)
+    credits = torch.tensor([5.0, 1.0, 0.0])
+
+    def sequence_logprobs() -> torch.Tensor:
+        return torch.nn.functional.logsigmoid(logits).sum(dim=1)
+
+    before = sequence_logprobs().detach()
+    loss = reinforce_loss(torch.nn.functional.logsigmoid(logits), mask, credits, normalization)[
+        "loss_action"
+    ]
+    loss.backward()
+    with torch.no_grad():
+        logits -= 0.1 * logits.grad
+    after = sequence_logprobs().detach()
+    assert after[0] > before[0]  # above the baseline: reinforced
+    assert after[2] < before[2]  # below the baseline: discouraged
+
+
+def test_reinforce_loss_value_and_detached_advantage() -> None:
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    credits = torch.tensor([3.0, 1.0])  # advantages (+1, -1)
+    result = reinforce_loss(logprobs, mask, credits)
+    # -(1 * (-3) + (-1) * (-0.5)) / 3 tokens
+    assert result["loss_action"].item() == pytest.approx(2.5 / 3)
+    assert result["advantage_abs_mean"].item() == pytest.approx(1.0)
+    assert not result["advantage_abs_mean"].requires_grad
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 8),
+    st.integers(0, 4),
+    st.lists(st.floats(-50.0, 50.0, allow_nan=False), min_size=6, max_size=6),
+    st.integers(0, 1000),
+)
+def test_token_mean_and_sequence_sum_differ_by_reply_length(
+    batch: int, reply_length: int, padding: int, credit_pool: list[float], seed: int
+) -> None:
+    logprobs = _logprob_leaf(batch, reply_length + padding, seed).detach()
+    mask = torch.zeros_like(logprobs)
+    mask[:, padding:] = 1.0  # left padding, every reply `reply_length` tokens long
+    credits = torch.tensor(credit_pool[:batch], dtype=torch.float64)
+    token_mean = reinforce_loss(logprobs, mask, credits, "token_mean")["loss_action"]
+    sequence_sum = reinforce_loss(logprobs, mask, credits, "sequence_sum")["loss_action"]
+    assert sequence_sum.item() == pytest.approx(reply_length * token_mean.item(), abs=1e-9)
+
+
+def test_reinforce_rejects_bad_input() -> None:
+    logprobs, mask = torch.zeros(2, 3), torch.ones(2, 3)
+    with pytest.raises(ValueError, match="normalization"):
+        reinforce_loss(logprobs, mask, torch.zeros(2), "per_token")
+    with pytest.raises(ValueError, match="credits must have shape"):
+        reinforce_loss(logprobs, mask, torch.zeros(3))
+    with pytest.raises(ValueError, match="shape \\[B, L\\]"):
+        reinforce_loss(logprobs, torch.ones(2, 4), torch.zeros(2))
+    with pytest.raises(ValueError, match="at least one acting step"):
+        reinforce_loss(torch.zeros(0, 3), torch.ones(0, 3), torch.zeros(0))
+
+
+# --- Bradley–Terry (Eq. 3) ---------------------------------------------------------------
+
+
+def test_bradley_terry_equals_log_two_at_equality() -> None:
+    logp = torch.tensor([-1.0, -4.0, -0.3])
+    result = bradley_terry_loss(logp, logp.clone())
+    assert result["loss_bid"].item() == pytest.approx(math.log(2.0))
+    assert result["preference_accuracy"].item() == 0.0
+
+
+@given(st.floats(-30.0, 30.0), st.floats(0.01, 5.0), st.floats(0.1, 3.0))
+def test_bradley_terry_decreases_with_the_margin(margin: float, step: float, beta: float) -> None:
+    loser = torch.tensor([-2.0], dtype=torch.float64)
+
+    def loss_at(value: float) -> float:
+        winner = loser + value
+        return bradley_terry_loss(winner, loser, beta)["loss_bid"].item()
+
+    assert loss_at(margin + step) < loss_at(margin)
+
+
+def test_bradley_terry_is_finite_for_extreme_margins() -> None:
+    winner = torch.tensor([-1.0, -5000.0], requires_grad=True)
+    loser = torch.tensor([-5000.0, -1.0], requires_grad=True)
+    result = bradley_terry_loss(winner, loser)
+    result["loss_bid"].backward()
+    assert result["loss_bid"].item() == pytest.approx(4999.0 / 2)
+    assert result["preference_accuracy"].item() == 0.5
+    assert torch.all(torch.isfinite(winner.grad)) and torch.all(torch.isfinite(loser.grad))
+
+
+def test_bradley_terry_gradient_flows_only_through_its_inputs() -> None:
+    winner = torch.tensor([-1.0, -3.0], dtype=torch.float64, requires_grad=True)
+    loser = torch.tensor([-2.0, -1.0], dtype=torch.float64)  # a frozen input gets nothing
+    beta = 0.5
+    result = bradley_terry_loss(winner, loser, beta)
+    result["loss_bid"].backward()
+    assert loser.grad is None
+    assert not result["preference_accuracy"].requires_grad
+    expected = -beta * torch.sigmoid(-beta * (winner.detach() - loser)) / 2
+    assert torch.allclose(winner.grad, expected)
+
+
+def test_bradley_terry_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="shape \\[P\\]"):
+        bradley_terry_loss(torch.zeros(2), torch.zeros(3))
+    with pytest.raises(ValueError, match="at least one preference pair"):
+        bradley_terry_loss(torch.zeros(0), torch.zeros(0))
+    with pytest.raises(ValueError, match="beta"):
+        bradley_terry_loss(torch.zeros(1), torch.zeros(1), beta=0.0)
+
+
+def test_fork_preference() -> None:
+    assert fork_preference(5.0, 2.0) == 1
+    assert fork_preference(2.0, 5.0) == -1
+    assert fork_preference(3.0, 3.0) == 0
+    with pytest.raises(ValueError):
+        fork_preference(math.nan, 1.0)
