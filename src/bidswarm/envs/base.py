@@ -14,7 +14,7 @@ to exactly that point, so that replaying the same actions gives the same observa
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 MONOLITHIC = None
@@ -47,7 +47,6 @@ class TaskConfig:
     n_train_seeds: int = 1000
     n_heldout_seeds: int = 32
     heldout_seed_offset: int = 1_000_000
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class TextEnv(abc.ABC):
