@@ -1,0 +1,339 @@
+"""The embedded VLN-CE-style navigation task: three roles share one body in a procedural house.
+
+The Turner owns "turn left/right N degree", the Mover "move forward N cm", the Stopper "stop"
+(PAPER.md section 6). The pose is continuous (x, y in metres, heading in degrees); commands run
+as 15 degree / 25 cm atomic steps and a step into a wall is refused (the move ends there).
+Observations are short text: the instruction, the current room, what lies ahead / left / right
+and at what distance, and the result of the last decision.
+
+Reward [ours]: progress along the shortest path, normalised by the start's geodesic distance (so
+reaching the goal sums to ``progress_weight``), plus ``success_bonus`` for a ``stop`` within
+``success_distance``; an episode can score above 1.0 as in the paper.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.navigation.actions import (
+    MOVE_CENTIMETRES,
+    MOVE_STEP_CENTIMETRES,
+    ROLES,
+    TURN_DEGREES,
+    NavAction,
+    parse_action,
+    rejection_message,
+    role_may_act,
+    steer,
+)
+from bidswarm.envs.navigation.config import NavigationConfig
+from bidswarm.envs.navigation.metrics import PathMetrics, Point
+from bidswarm.envs.navigation.scene import (
+    AGENT_RADIUS,
+    Episode,
+    SceneParams,
+    bearing,
+    build_episode,
+    crosses,
+    distance_to_segment,
+    first_hop,
+    node_point,
+    ray_distance,
+    wrap_degrees,
+)
+
+EXPERT_STOP_DISTANCE = 0.5
+"""The scripted experts stop this close to the goal (metres)."""
+WAYPOINT_TOLERANCE = 0.2
+"""The experts count a route node as reached this close to it (metres)."""
+_SECTORS = (("ahead", -30.0, 30.0), ("left", 30.0, 120.0), ("right", -120.0, -30.0))
+
+
+def _metres(distance: float) -> str:
+    """A distance rounded to half metres, e.g. ``1.5 m``."""
+    return f"{round(distance * 2) / 2:g} m"
+
+
+class NavigationEnv(TextEnv):
+    """Follow an R2R-style route instruction in a procedural house (see the module docstring)."""
+
+    Config = NavigationConfig
+    roles = ROLES
+
+    def __init__(self, config: NavigationConfig):
+        super().__init__(config)
+        self.config: NavigationConfig = config
+        self._params = SceneParams(
+            max_rooms_per_side=config.max_rooms_per_side,
+            min_room_size=config.min_room_size,
+            max_room_size=config.max_room_size,
+            door_width=config.door_width,
+            extra_door_probability=config.extra_door_probability,
+            min_route_rooms=config.min_route_rooms,
+            max_route_rooms=config.max_route_rooms,
+        )
+        self._episode: Episode | None = None
+        self._position: Point = (0.0, 0.0)
+        self._heading = 0
+        self._decisions = 0
+        self._done = False
+        self._stopped = False
+        self._total_reward = 0.0
+        self._last = ""
+        self._distance_to_goal = 0.0
+        self._metrics: PathMetrics | None = None
+
+    # -- seeds ---------------------------------------------------------------------------------
+    def scene_id(self, seed: int) -> int:
+        """The house a seed's episode takes place in."""
+        return seed // self.config.episodes_per_scene
+
+    def episode_of(self, seed: int) -> Episode:
+        """The (cached, immutable) episode of ``seed``."""
+        return build_episode(seed, self.config.episodes_per_scene, self._params)
+
+    # -- text ----------------------------------------------------------------------------------
+    @property
+    def task_description(self) -> str:
+        return (
+            "Three agents share one robot in a house: the turner turns, the mover moves forward, "
+            "the stopper stops. Follow the route instruction together and stop within "
+            f"{self.config.success_distance:g} m of the goal, in at most "
+            f"{self.config.max_decisions} decisions."
+        )
+
+    def role_description(self, role: str | None) -> str:
+        turns = "/".join(str(n) for n in TURN_DEGREES)
+        moves = "/".join(str(n) for n in MOVE_CENTIMETRES)
+        texts = {
+            "turner": f'You are the turner: reply "turn left N degree" or "turn right N degree", '
+            f"N = {turns}.",
+            "mover": f'You are the mover: reply "move forward N cm", N = {moves}.',
+            "stopper": 'You are the stopper: reply "stop" when the goal is reached; it ends the '
+            "episode.",
+        }
+        if role is None:
+            return (
+                f'You control the robot: reply "turn left N degree" or "turn right N degree" '
+                f'(N = {turns}), "move forward N cm" (N = {moves}) or "stop" at the goal.'
+            )
+        if role not in texts:
+            raise ValueError(f"unknown navigation role {role!r}; roles are {ROLES}")
+        return texts[role]
+
+    # -- episode -------------------------------------------------------------------------------
+    def reset(self, seed: int) -> None:
+        episode = self.episode_of(seed)
+        self._episode = episode
+        self._position = episode.start
+        self._heading = episode.start_heading
+        self._decisions = 0
+        self._done = False
+        self._stopped = False
+        self._total_reward = 0.0
+        self._last = "start"
+        self._distance_to_goal = episode.shortest_distance
+        self._metrics = PathMetrics(
+            episode.reference, episode.shortest_distance, self.config.success_distance
+        )
+        self._metrics.start(episode.start)
+
+    @property
+    def episode(self) -> Episode:
+        if self._episode is None:
+            raise RuntimeError("call reset(seed) before using the navigation environment")
+        return self._episode
+
+    @property
+    def decisions_made(self) -> int:
+        return self._decisions
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def position(self) -> Point:
+        return self._position
+
+    @property
+    def heading(self) -> int:
+        """Degrees, 0 = +x, counter-clockwise (turning left adds)."""
+        return self._heading
+
+    def distance_to_goal(self) -> float:
+        """Geodesic distance from the current position to the goal (metres)."""
+        return self._distance_to_goal
+
+    def observation(self, role: str | None) -> str:
+        episode = self.episode
+        room = episode.scene.room_names[episode.scene.room_of(self._position)]
+        views = "; ".join(f"{name}: {what}" for name, what in self._views())
+        return f"go: {episode.instruction} in: {room}; {views}; last: {self._last}."
+
+    def _views(self) -> list[tuple[str, str]]:
+        """The nearest door or landmark in each sector of the current room, else the wall."""
+        scene = self.episode.scene
+        room = scene.room_of(self._position)
+        items = [
+            (f"door to {scene.room_names[door.b if door.a == room else door.a]}", door.center)
+            for door in (scene.doors[k] for k in scene.room_doors[room])
+        ]
+        items += [(mark.name, mark.position) for mark in scene.landmarks if mark.room == room]
+        seen: dict[str, tuple[float, str]] = {}
+        for label, point in items:
+            distance = math.dist(self._position, point)
+            if distance < 0.3:
+                sector = "ahead"
+            else:
+                relative = wrap_degrees(bearing(self._position, point) - self._heading)
+                sector = next((n for n, low, high in _SECTORS if low < relative <= high), "")
+            if sector and distance < seen.get(sector, (math.inf, ""))[0]:
+                seen[sector] = (distance, label)
+        views = []
+        for name, low, high in _SECTORS:
+            if name in seen:
+                distance, label = seen[name]
+            else:
+                label = "wall"
+                angle = self._heading + (low + high) / 2
+                distance = ray_distance(self._position, angle, scene.room_walls[room])
+                if math.isinf(distance):  # the ray leaves through a doorway
+                    distance = ray_distance(self._position, angle, scene.all_walls)
+            views.append((name, f"{label} {_metres(distance)}"))
+        return views
+
+    def step(self, actor_role: str | None, action: str) -> StepResult:
+        if actor_role is not None and actor_role not in ROLES:
+            raise ValueError(f"unknown navigation role {actor_role!r}; roles are {ROLES}")
+        if self._done:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        self._decisions += 1
+        command = parse_action(action)
+        if command is None or not role_may_act(actor_role, command):
+            self._last = rejection_message(actor_role or "agent", action, command)
+            self._done = self._decisions >= self.config.max_decisions
+            return StepResult(0.0, self._done, valid=False, message=self._last)
+        before = self._distance_to_goal
+        bonus = 0.0
+        if command.kind == "stop":
+            self._stopped = True
+            self._done = True
+            self._last = "stopped"
+            if self._distance_to_goal <= self.config.success_distance:
+                bonus = self.config.success_bonus
+        elif command.kind == "move_forward":
+            self._last = self._move(command)
+        else:
+            sign = 1 if command.kind == "turn_left" else -1
+            self._heading = (self._heading + sign * command.amount) % 360
+            self._last = command.text.replace("turn", "turned")
+        progress = (before - self._distance_to_goal) / max(self.episode.shortest_distance, 1e-6)
+        reward = self.config.progress_weight * progress + bonus
+        self._total_reward += reward
+        self._done = self._done or self._decisions >= self.config.max_decisions
+        return StepResult(reward, self._done, valid=True, message=self._last)
+
+    def _move(self, command: NavAction) -> str:
+        """Advance in 25 cm steps until done or a wall is in the way; the result text."""
+        scene = self.episode.scene
+        step = MOVE_STEP_CENTIMETRES / 100
+        dx = step * math.cos(math.radians(self._heading))
+        dy = step * math.sin(math.radians(self._heading))
+        moved = 0
+        for _ in range(command.atomic_steps):
+            here = self._position
+            there = (here[0] + dx, here[1] + dy)
+            walls = scene.room_walls[scene.room_of(here)]
+            if scene.room_of(there) != scene.room_of(here):
+                walls = walls + scene.room_walls[scene.room_of(there)]
+            if any(
+                crosses(here, there, wall) or distance_to_segment(there, wall) < AGENT_RADIUS
+                for wall in walls
+            ):
+                break
+            self._position = there
+            self._metrics.add(there)
+            moved += MOVE_STEP_CENTIMETRES
+        self._distance_to_goal = first_hop(scene, self.episode.field, self._position)[0]
+        if moved == command.amount:
+            return f"moved forward {moved} cm"
+        if moved == 0:
+            return "blocked by a wall"
+        return f"moved {moved} of {command.amount} cm, then a wall"
+
+    def skip(self) -> StepResult:
+        if self._done:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        self._decisions += 1
+        self._last = "no one acted"
+        self._done = self._decisions >= self.config.max_decisions
+        return StepResult(0.0, self._done, message=self._last)
+
+    def episode_metrics(self) -> dict[str, float]:
+        metrics = self._metrics.summary(self._distance_to_goal, self._stopped)
+        metrics["reward"] = self._total_reward
+        metrics["decisions"] = float(self._decisions)
+        return metrics
+
+    # -- fork contract -------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Pose, counters, reward, last message and metric state; the house comes from the seed.
+
+        Nothing random happens after ``reset``: the seed's RNG is spent on drawing the house and
+        the episode, so the seed stands for the RNG state.
+        """
+        return {
+            "seed": self.episode.seed,
+            "position": self._position,
+            "heading": self._heading,
+            "decisions": self._decisions,
+            "done": self._done,
+            "stopped": self._stopped,
+            "total_reward": self._total_reward,
+            "last": self._last,
+            "distance_to_goal": self._distance_to_goal,
+            "metrics": self._metrics.state(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if self._episode is None or self._episode.seed != state["seed"]:
+            self.reset(state["seed"])
+        self._position = state["position"]
+        self._heading = state["heading"]
+        self._decisions = state["decisions"]
+        self._done = state["done"]
+        self._stopped = state["stopped"]
+        self._total_reward = state["total_reward"]
+        self._last = state["last"]
+        self._distance_to_goal = state["distance_to_goal"]
+        self._metrics.load(state["metrics"])
+
+    # -- scripted experts ----------------------------------------------------------------------
+    def expert_command(self) -> NavAction | None:
+        """The next command along the shortest path (None once the episode is over)."""
+        if self._done:
+            return None
+        episode = self.episode
+        distance, node = first_hop(episode.scene, episode.field, self._position)
+        target = episode.field.goal if node == -1 else node_point(episode.scene, node)
+        if node != -1 and math.dist(self._position, target) < WAYPOINT_TOLERANCE:
+            following = episode.field.next_node[node]
+            target = episode.field.goal if following == -1 else node_point(episode.scene, following)
+        return steer(self._position, self._heading, target, distance, EXPERT_STOP_DISTANCE)
+
+    def expert_action(self, role: str | None) -> str | None:
+        command = self.expert_command()
+        if command is None or not role_may_act(role, command):
+            return None
+        return command.text
+
+    def expert_bid(self, role: str) -> float:
+        """0.8 when the next command the path needs is ``role``'s, else 0 (pass)."""
+        command = self.expert_command()
+        return 0.8 if command is not None and command.role == role else 0.0
+
+
+__all__ = ["NavigationEnv"]
