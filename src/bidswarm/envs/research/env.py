@@ -1,0 +1,440 @@
+"""The deep-research environment: Searcher, Opener and Finder answer multi-hop questions.
+
+Each decision step one agent uses its tool on a shared browser (one open page, the last search
+results, notes of the facts found so far). ``answer(text)`` ends the episode with a binary
+reward from the judge; otherwise the episode ends when the decision budget is spent.
+
+Everything that decides the future is plain data in ``self._state`` (question, open page and
+its offset, last results, notes, counters); the corpus, its BM25 index and the judge are
+immutable and shared by every environment of the process. Nothing random happens after
+``reset``: the question comes from the seed and the tools are deterministic.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.research.config import ResearchConfig, validate_research_config
+from bidswarm.envs.research.corpus import (
+    Document,
+    Question,
+    check_unique_ids,
+    read_documents,
+    read_questions,
+)
+from bidswarm.envs.research.judge import HttpJudge, MatchJudge
+from bidswarm.envs.research.search import SearchIndex
+from bidswarm.envs.research.tools import (
+    TOOL_OWNERS,
+    ToolCall,
+    find_in_text,
+    page_count,
+    page_text,
+    parse_call,
+    snippet,
+    truncate_words,
+)
+from bidswarm.envs.research.world import generate_world
+
+MAX_OBSERVATION_WORDS = 79
+NOTE_WORDS = 14
+MESSAGE_WORDS = 12
+FIND_MATCHES_SHOWN = 2
+EXPERT_BID = 0.8
+
+ROLE_TOOLS = {
+    "searcher": "browser.search(query): ranked ids, titles and snippets of corpus pages",
+    "opener": "browser.open(id): open a page by id (d0412) or search rank (1); "
+    "browser.open(id, n) shows its page n",
+    "finder": "browser.find(pattern): sentences of the open page holding the words; "
+    "answer(text): give the final answer (ends the episode)",
+}
+
+
+@dataclass(frozen=True)
+class ResearchData:
+    """What every environment of one config shares: corpus, index and questions (read-only)."""
+
+    documents: list[Document]
+    position: dict[str, int]
+    index: SearchIndex
+    train: list[Question]
+    heldout: list[Question]
+
+
+_SHARED: dict[tuple, ResearchData] = {}
+
+
+def _file_key(path: str | None) -> tuple:
+    if path is None:
+        return (None,)
+    stat = Path(path).stat()
+    return (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+def load_research_data(config: ResearchConfig) -> ResearchData:
+    """Corpus, questions and index of ``config``, built once per process (index cached on disk)."""
+    key = (
+        _file_key(config.corpus_path),
+        _file_key(config.questions_path),
+        config.world_seed,
+        config.n_train_seeds,
+        config.n_heldout_seeds,
+        config.min_hops,
+        config.max_hops,
+        str(Path(config.cache_dir).resolve()),
+    )
+    if key in _SHARED:
+        return _SHARED[key]
+    if config.corpus_path is None or config.questions_path is None:
+        documents, questions = generate_world(
+            config.world_seed,
+            config.n_train_seeds,
+            config.n_heldout_seeds,
+            config.min_hops,
+            config.max_hops,
+        )
+    else:
+        documents = read_documents(config.corpus_path)
+        questions = read_questions(config.questions_path)
+    check_unique_ids(documents)
+    position = {document.id: i for i, document in enumerate(documents)}
+    train = [q for q in questions if q.split == "train"]
+    heldout = [q for q in questions if q.split == "heldout"]
+    if not train:
+        raise ValueError("the questions have no 'train' split; training seeds need one")
+    if len(heldout) < config.n_heldout_seeds:
+        raise ValueError(
+            f"task.n_heldout_seeds={config.n_heldout_seeds} but only {len(heldout)} held-out "
+            "questions exist; lower task.n_heldout_seeds"
+        )
+    for question in questions:
+        for hop in question.hops:
+            if hop.doc_id not in position:
+                raise ValueError(f"question {question.id}: hop document {hop.doc_id!r} is unknown")
+    data = ResearchData(
+        documents,
+        position,
+        SearchIndex.cached(documents, config.cache_dir),
+        train,
+        heldout[: config.n_heldout_seeds],
+    )
+    _SHARED[key] = data
+    return data
+
+
+class ResearchEnv(TextEnv):
+    """Multi-hop question answering over an offline corpus with three browser roles."""
+
+    Config = ResearchConfig
+    roles = ("searcher", "opener", "finder")
+
+    def __init__(self, config: ResearchConfig):
+        validate_research_config(config)
+        super().__init__(config)
+        self.config: ResearchConfig = config
+        self.data = load_research_data(config)
+        match = MatchJudge(config.f1_threshold)
+        self.judge: MatchJudge | HttpJudge = match
+        if config.judge == "llm":
+            if config.judge_api_key_env and config.judge_api_key_env not in os.environ:
+                raise ValueError(
+                    f"task.judge_api_key_env names {config.judge_api_key_env!r}, which is not "
+                    "set in the environment"
+                )
+            self.judge = HttpJudge(
+                url=str(config.judge_url),
+                model=str(config.judge_model),
+                fallback=match,
+                api_key_env=config.judge_api_key_env,
+                retries=config.judge_retries,
+                timeout_s=config.judge_timeout_s,
+            )
+        self._state: dict[str, Any] = {}
+
+    # -- seeds and prompts ---------------------------------------------------------------------
+    def question_for_seed(self, seed: int) -> Question:
+        """Held-out seeds (from ``heldout_seed_offset``) ask held-out questions, others training."""
+        offset = self.config.heldout_seed_offset
+        if seed >= offset:
+            return self.data.heldout[(seed - offset) % len(self.data.heldout)]
+        return self.data.train[seed % len(self.data.train)]
+
+    @property
+    def task_description(self) -> str:
+        return (
+            "Answer the question from an offline corpus. Search for the entity the question "
+            "starts from, open its page, find the fact that leads to the next entity, repeat, "
+            "then answer with the final name or number."
+        )
+
+    def role_description(self, role: str | None) -> str:
+        if role is None:
+            return "You own every tool. " + "; ".join(ROLE_TOOLS.values()) + "."
+        if role not in ROLE_TOOLS:
+            raise ValueError(f"unknown role {role!r}; roles are {self.roles}")
+        return f"You are the {role}. Your tools: {ROLE_TOOLS[role]}."
+
+    # -- episode -------------------------------------------------------------------------------
+    def reset(self, seed: int) -> None:
+        question = self.question_for_seed(seed)
+        self._state = {
+            "question_id": question.id,
+            "heldout": seed >= self.config.heldout_seed_offset,
+            "question_index": self._question_index(seed),
+            "decisions": 0,
+            "done": False,
+            "open_doc": None,
+            "page": 0,
+            "last_result": "nothing yet",
+            "last_was_find": False,
+            "message": "",
+            "notes": [],
+            "results": [],
+            "last_query": "",
+            "hops_found": 0,
+            "answer": None,
+            "success": False,
+            "f1": 0.0,
+            "reward": 0.0,
+            "invalid_turns": 0,
+            "judge_failures": 0,
+        }
+
+    def _question_index(self, seed: int) -> int:
+        offset = self.config.heldout_seed_offset
+        if seed >= offset:
+            return (seed - offset) % len(self.data.heldout)
+        return seed % len(self.data.train)
+
+    @property
+    def question(self) -> Question:
+        split = self.data.heldout if self._state["heldout"] else self.data.train
+        return split[self._state["question_index"]]
+
+    def observation(self, role: str | None) -> str:
+        """Question, turn, open page, notes, last tool result and message: < 80 words."""
+        del role  # the browser is shared: every role sees the same screen
+        s = self._state
+        page = "none"
+        if s["open_doc"] is not None:
+            document = self.data.documents[s["open_doc"]]
+            total = page_count(document.text, self.config.page_words)
+            page = f"{document.id} p{s['page'] + 1}/{total}"
+        head = [
+            f"Q: {self.question.question}",
+            f"Turn {s['decisions'] + 1}/{self.config.max_decisions}. Page: {page}.",
+        ]
+        notes = s["notes"][:-1] if s["last_was_find"] else s["notes"]
+        if notes:
+            head.append(f"Notes: {truncate_words(notes[-1], NOTE_WORDS)}")
+        tail = [f"Msg: {truncate_words(s['message'], MESSAGE_WORDS)}"] if s["message"] else []
+        used = sum(len(line.split()) for line in head + tail) + 1
+        last = truncate_words(s["last_result"], max(MAX_OBSERVATION_WORDS - used, 4))
+        return "\n".join([*head, f"Last: {last}", *tail])
+
+    def step(self, actor_role: str | None, action: str) -> StepResult:
+        s = self._state
+        if s["done"]:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        s["decisions"] += 1
+        s["message"] = ""
+        call = parse_call(action)
+        if isinstance(call, str):
+            return self._wasted(call)
+        owner = TOOL_OWNERS[call.tool]
+        if actor_role is not None and actor_role != owner:
+            return self._wasted(f"{actor_role} cannot use {call.tool}; the {owner} owns it")
+        reward = 0.0
+        if call.tool == "browser.search":
+            outcome = self._search(call)
+        elif call.tool == "browser.open":
+            outcome = self._open(call)
+        elif call.tool == "browser.find":
+            outcome = self._find(call)
+        else:
+            reward = self._answer(call)
+            outcome = None
+        if outcome is not None:
+            return self._wasted(outcome)
+        self._end_if_out_of_budget()
+        return StepResult(reward, s["done"], valid=True)
+
+    def skip(self) -> StepResult:
+        s = self._state
+        if s["done"]:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        s["decisions"] += 1
+        s["message"] = ""
+        self._end_if_out_of_budget()
+        return StepResult(0.0, s["done"])
+
+    @property
+    def decisions_made(self) -> int:
+        return self._state["decisions"]
+
+    @property
+    def done(self) -> bool:
+        return self._state["done"]
+
+    def episode_metrics(self) -> dict[str, float]:
+        s = self._state
+        return {
+            "success": float(s["success"]),
+            "f1": float(s["f1"]),
+            "reward": float(s["reward"]),
+            "decisions": float(s["decisions"]),
+            "judge_failures": float(s["judge_failures"]),
+            "invalid_turns": float(s["invalid_turns"]),
+            "hops_found": float(s["hops_found"]),
+        }
+
+    # -- tools ---------------------------------------------------------------------------------
+    def _wasted(self, message: str) -> StepResult:
+        self._state["message"] = message
+        self._state["invalid_turns"] += 1
+        self._end_if_out_of_budget()
+        return StepResult(0.0, self._state["done"], valid=False, message=message)
+
+    def _end_if_out_of_budget(self) -> None:
+        if self._state["decisions"] >= self.config.max_decisions:
+            self._state["done"] = True
+
+    def _search(self, call: ToolCall) -> str | None:
+        hits = self.data.index.search(call.argument, self.config.search_top_k)
+        s = self._state
+        s["results"] = [position for position, _ in hits]
+        s["last_query"] = call.argument
+        s["last_was_find"] = False
+        if not hits:
+            s["last_result"] = f'search "{call.argument}": no results'
+            return None
+        shown = []
+        for rank, (position, _) in enumerate(hits, start=1):
+            document = self.data.documents[position]
+            shown.append(
+                f"[{rank}] {document.id} {document.title}: {snippet(document.title, document.text)}"
+            )
+        s["last_result"] = f'search "{call.argument}": ' + "; ".join(shown)
+        return None
+
+    def _open(self, call: ToolCall) -> str | None:
+        s = self._state
+        target, _, page_arg = call.argument.partition(",")
+        target = target.strip().strip("\"'")
+        if target.isdigit():
+            rank = int(target)
+            if not 1 <= rank <= len(s["results"]):
+                return f"no search result [{rank}]; search first or open a page id"
+            position = s["results"][rank - 1]
+        elif target in self.data.position:
+            position = self.data.position[target]
+        else:
+            return f"no page {truncate_words(target, 3)} in the corpus"
+        document = self.data.documents[position]
+        total = page_count(document.text, self.config.page_words)
+        page = 1
+        if page_arg.strip():
+            if not page_arg.strip().isdigit() or not 1 <= int(page_arg) <= total:
+                return f"{document.id} has pages 1 to {total}"
+            page = int(page_arg)
+        s["open_doc"], s["page"], s["last_was_find"] = position, page - 1, False
+        text = page_text(document.text, page - 1, self.config.page_words)
+        s["last_result"] = f"open {document.id} {document.title} p{page}/{total}: {text}"
+        return None
+
+    def _find(self, call: ToolCall) -> str | None:
+        s = self._state
+        if s["open_doc"] is None:
+            return "no page is open; the opener opens one first"
+        document = self.data.documents[s["open_doc"]]
+        matches = find_in_text(document.text, call.argument, self.config.page_words)
+        s["last_was_find"] = bool(matches)
+        if not matches:
+            s["last_result"] = f'find "{call.argument}" in {document.id}: no match'
+            return None
+        shown = matches[:FIND_MATCHES_SHOWN]
+        s["notes"].append(shown[0][1])
+        s["last_result"] = f'find "{call.argument}" in {document.id}: ' + " ".join(
+            f"[p{page + 1}] {sentence}" for page, sentence in shown
+        )
+        self._track_hop(document, [sentence for _, sentence in shown])
+        return None
+
+    def _track_hop(self, document: Document, shown: list[str]) -> None:
+        """Count the gold hop as found when its fact is on screen (the experts follow this)."""
+        hops = self.question.hops
+        found = self._state["hops_found"]
+        if found < len(hops) and document.id == hops[found].doc_id:
+            answer = hops[found].answer.lower()
+            if any(answer in sentence.lower() for sentence in shown):
+                self._state["hops_found"] = found + 1
+
+    def _answer(self, call: ToolCall) -> float:
+        s = self._state
+        question = self.question
+        verdict = self.judge.judge(
+            question.question, call.argument, [question.answer, *question.aliases]
+        )
+        reward = 1.0 if verdict.success else 0.0
+        s.update(
+            answer=call.argument,
+            success=verdict.success,
+            f1=verdict.f1,
+            reward=s["reward"] + reward,
+            done=True,
+            last_was_find=False,
+            last_result=f'answered "{truncate_words(call.argument, 8)}"',
+        )
+        s["judge_failures"] += int(verdict.judge_failed)
+        return reward
+
+    # -- fork contract -------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return copy.deepcopy(self._state)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._state = copy.deepcopy(state)
+
+    # -- scripted experts ----------------------------------------------------------------------
+    def _next_expert_step(self) -> tuple[str, str] | None:
+        """(role, reply) of the next step on the gold chain, or None when there is none."""
+        s = self._state
+        if s["done"]:
+            return None
+        question = self.question
+        if not question.hops:
+            return self._next_step_without_hops()
+        if s["hops_found"] == len(question.hops):
+            return "finder", f"answer({question.answer})"
+        hop = question.hops[s["hops_found"]]
+        position = self.data.position[hop.doc_id]
+        if s["open_doc"] == position:
+            return "finder", f"browser.find({hop.pattern})"
+        if position in s["results"] or s["last_query"] == hop.subject:
+            # A page the search did not rank is still opened by id, so an expert never loops.
+            return "opener", f"browser.open({hop.doc_id})"
+        return "searcher", f"browser.search({hop.subject})"
+
+    def _next_step_without_hops(self) -> tuple[str, str] | None:
+        s = self._state
+        if not s["last_query"]:
+            return "searcher", f"browser.search({self.question.question})"
+        if s["open_doc"] is None and s["results"]:
+            return "opener", "browser.open(1)"
+        return None
+
+    def expert_action(self, role: str | None) -> str | None:
+        step = self._next_expert_step()
+        if step is None or (role is not None and role != step[0]):
+            return None
+        return step[1]
+
+    def expert_bid(self, role: str) -> float:
+        step = self._next_expert_step()
+        return EXPERT_BID if step is not None and step[0] == role else 0.0

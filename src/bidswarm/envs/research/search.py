@@ -1,0 +1,127 @@
+"""BM25 search over the corpus (``bm25s``), built once and cached on disk by corpus hash.
+
+The index is immutable after it is built: environments share one instance and it is never
+part of an environment snapshot. Results of a query are memoised for the same reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shutil
+from pathlib import Path
+
+import bm25s
+
+from bidswarm.envs.research.corpus import Document, corpus_fingerprint
+
+TOKEN = re.compile(r"\w+")
+STOPWORDS = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "for",
+        "from",
+        "has",
+        "have",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "this",
+        "to",
+        "was",
+        "were",
+        "what",
+        "which",
+        "who",
+        "with",
+    }
+)
+INDEX_VERSION = 1
+"""Bumped when tokenisation or indexed fields change, so old caches are rebuilt."""
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens without stopwords (the same for documents and queries)."""
+    return [token for token in TOKEN.findall(text.lower()) if token not in STOPWORDS]
+
+
+def _indexed_text(document: Document) -> str:
+    # The title counts twice: a search for a name should rank that entity's own page first.
+    return f"{document.title} {document.title} {document.text}"
+
+
+class SearchIndex:
+    """Ranked search over ``documents``; :meth:`search` returns document positions."""
+
+    def __init__(self, documents: list[Document], retriever: bm25s.BM25):
+        self.documents = documents
+        self.retriever = retriever
+        self.search = functools.lru_cache(maxsize=65536)(self._search)
+
+    @classmethod
+    def build(cls, documents: list[Document]) -> SearchIndex:
+        """Index ``documents`` in memory."""
+        retriever = bm25s.BM25()
+        retriever.index([tokenize(_indexed_text(d)) for d in documents], show_progress=False)
+        return cls(documents, retriever)
+
+    @classmethod
+    def cached(cls, documents: list[Document], cache_dir: str | Path) -> SearchIndex:
+        """Load the index of ``documents`` from ``cache_dir``, building and saving it if absent.
+
+        The folder is keyed on a hash of the corpus, so an edited corpus gets a fresh index.
+        """
+        key = f"v{INDEX_VERSION}-{corpus_fingerprint(documents)}"
+        folder = Path(cache_dir) / key
+        done = folder / "complete.json"
+        if done.exists():
+            retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
+            return cls(documents, retriever)
+        index = cls.build(documents)
+        staging = folder.with_name(f"{key}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        index.retriever.save(str(staging), show_progress=False)
+        (staging / "complete.json").write_text(json.dumps({"documents": len(documents)}))
+        try:
+            staging.rename(folder)
+        except OSError:  # another process saved the same index first; theirs is identical
+            shutil.rmtree(staging, ignore_errors=True)
+        return index
+
+    def _search(self, query: str, k: int) -> tuple[tuple[int, float], ...]:
+        tokens = tokenize(query)
+        if not tokens:
+            return ()
+        k = min(k, len(self.documents))
+        positions, scores = self.retriever.retrieve([tokens], k=k, show_progress=False)
+        return tuple(
+            (int(position), float(score))
+            for position, score in zip(positions[0], scores[0], strict=True)
+            if score > 0.0
+        )
+
+    def search_batch(self, queries: list[str], k: int) -> list[list[int]]:
+        """Positions of the top ``k`` documents for each query, in one call (benchmarks)."""
+        tokens = [tokenize(query) or ["\x00"] for query in queries]
+        positions, scores = self.retriever.retrieve(
+            tokens, k=min(k, len(self.documents)), show_progress=False
+        )
+        return [
+            [int(p) for p, s in zip(row, row_scores, strict=True) if s > 0.0]
+            for row, row_scores in zip(positions, scores, strict=True)
+        ]

@@ -1,0 +1,327 @@
+"""The research task: generated world, BM25 index cache, browser tools, experts, fork contract."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from dataclasses import replace
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from bidswarm.envs import TASKS, env_class
+from bidswarm.envs.conformance import check_fork_contract, random_reply
+from bidswarm.envs.experts import play_expert_episode
+from bidswarm.envs.research import ResearchConfig, ResearchEnv
+from bidswarm.envs.research.corpus import (
+    Document,
+    document_row,
+    question_row,
+    read_questions,
+    write_jsonl,
+)
+from bidswarm.envs.research.search import SearchIndex
+from bidswarm.envs.research.tools import find_in_text, parse_call
+from bidswarm.envs.research.world import generate_world
+from conftest import CONF
+
+BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("research_cache"))
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(0, n_train=1000, n_heldout=50)
+
+
+@pytest.fixture
+def env(cache_dir):
+    return ResearchEnv(ResearchConfig(cache_dir=cache_dir))
+
+
+# -- the generated world -------------------------------------------------------------------------
+def test_world_is_deterministic_and_sized_as_documented(world):
+    documents, questions = world
+    again_documents, again_questions = generate_world(0, n_train=1000, n_heldout=50)
+    assert documents == again_documents and questions == again_questions
+    assert 2000 <= len(documents) <= 5000
+    assert len({d.id for d in documents}) == len(documents)
+    assert len({d.title for d in documents}) == len(documents)
+    assert {len(q.hops) for q in questions} == {2, 3, 4}
+    other_documents, _ = generate_world(1, n_train=10, n_heldout=5)
+    assert other_documents != documents
+
+
+def test_world_facts_agree_across_pages(world):
+    documents, _ = world
+    by_title = {d.title: d for d in documents}
+    regions = [d for d in documents if d.text.startswith("The capital of")]
+    assert len(regions) == 24
+    for region in regions:
+        capital = region.text.split(" is ", 1)[1].split(".")[0]
+        assert f"is a city in the region {region.title}." in by_title[capital].text
+
+
+def test_heldout_questions_are_disjoint_and_do_not_depend_on_training_size(world):
+    _, questions = world
+    heldout = [q for q in questions if q.split == "heldout"]
+    train = [q for q in questions if q.split == "train"]
+    assert len(heldout) == 50 and len(train) == 1000
+    assert not {q.question for q in heldout} & {q.question for q in train}
+    _, fewer = generate_world(0, n_train=10, n_heldout=50)
+    assert [q for q in fewer if q.split == "heldout"] == heldout
+
+
+def test_every_hop_is_found_by_its_pattern_in_its_document(world):
+    documents, questions = world
+    by_id = {d.id: d for d in documents}
+    for question in questions:
+        assert question.answer == question.hops[-1].answer
+        for hop, following in zip(question.hops, question.hops[1:], strict=False):
+            assert following.subject == hop.answer  # the chain is connected
+        for hop in question.hops:
+            document = by_id[hop.doc_id]
+            assert document.title == hop.subject
+            matches = find_in_text(document.text, hop.pattern, page_words=25)
+            assert matches and hop.answer in matches[0][1], (question.id, hop)
+
+
+def test_searching_a_subject_lists_its_page(world, cache_dir):
+    documents, questions = world
+    index = SearchIndex.cached(documents, cache_dir)
+    position = {d.id: i for i, d in enumerate(documents)}
+    hops = [hop for q in questions[:300] for hop in q.hops]
+    ranked = [[p for p, _ in index.search(hop.subject, 3)] for hop in hops]
+    first = sum(r[0] == position[hop.doc_id] for r, hop in zip(ranked, hops, strict=True))
+    listed = sum(position[hop.doc_id] in r for r, hop in zip(ranked, hops, strict=True))
+    # "Siege of X" and "X Observatory" sometimes outrank the city X: distractors by design.
+    assert first / len(hops) >= 0.85 and listed / len(hops) >= 0.99
+
+
+# -- the index cache -----------------------------------------------------------------------------
+def test_index_is_cached_by_corpus_hash(tmp_path):
+    documents = [
+        Document("a1", "Alder Guild", "The Alder Guild is led by Mira Holt."),
+        Document("b2", "Mira Holt", "Mira Holt was born in Tarn."),
+        Document("c3", "Tarn", "Tarn is a city in the region Vale."),
+    ]
+    built = SearchIndex.cached(documents, tmp_path)
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert len(folders) == 1 and (tmp_path / folders[0] / "complete.json").exists()
+    loaded = SearchIndex.cached(documents, tmp_path)
+    assert loaded.search("Mira Holt", 2) == built.search("Mira Holt", 2)
+    assert loaded.search("Mira Holt", 2)[0][0] == 1
+    assert loaded.search("unrelated words only", 2) == ()
+    edited = [*documents[:2], replace(documents[2], text="Tarn is a harbour town.")]
+    SearchIndex.cached(edited, tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2  # a changed corpus gets its own index
+
+
+# -- tools and the environment -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("browser.search(Krehou Guild)", ("browser.search", "Krehou Guild")),
+        ('I should look. browser.open("d0170")', ("browser.open", "d0170")),
+        ("browser.find( led by )\nmore text", ("browser.find", "led by")),
+        ("answer(Giomgraend Press)", ("answer", "Giomgraend Press")),
+    ],
+)
+def test_parse_call(reply, expected):
+    call = parse_call(reply)
+    assert (call.tool, call.argument) == expected
+
+
+@pytest.mark.parametrize("reply", ["", "search for it", "browser.search(", "answer()", "0.8"])
+def test_parse_call_rejects_non_calls_with_a_message(reply):
+    assert isinstance(parse_call(reply), str)
+
+
+def test_experts_solve_every_heldout_question_with_all_three_roles(env):
+    actors = set()
+    for seed in env.heldout_seeds():
+        episode = play_expert_episode(env, seed, BID_LEVELS)
+        assert episode.metrics["success"] == 1.0 and episode.metrics["reward"] == 1.0
+        assert episode.metrics["hops_found"] == len(env.question.hops)
+        assert episode.skipped == 0 and episode.decisions <= env.config.max_decisions
+        actors.update(episode.actors)
+    assert actors == set(env.roles)
+
+
+def test_seeds_index_questions_and_heldout_is_disjoint(env):
+    train = {env.question_for_seed(seed).id for seed in env.train_seeds()}
+    heldout = {env.question_for_seed(seed).id for seed in env.heldout_seeds()}
+    assert len(train) == 1000 and len(heldout) == 50 and not train & heldout
+    assert env.question_for_seed(3) == env.question_for_seed(1003)  # seeds wrap around
+
+
+def test_observations_stay_under_80_words(env):
+    rng = random.Random(0)
+    roles = [*env.roles, None]
+    for seed in [*range(20), *env.heldout_seeds()[:20]]:
+        env.reset(seed)
+        while not env.done:
+            for role in roles:
+                assert len(env.observation(role).split()) < 80
+            actor = rng.choice(roles)
+            env.step(actor, random_reply(env, actor, rng))
+
+
+def test_invalid_turns_are_wasted_with_a_message(env):
+    env.reset(0)
+    hop = env.question.hops[0]
+    cases = [
+        ("searcher", "dance wildly", "no tool call"),
+        ("opener", f"browser.search({hop.subject})", "searcher owns it"),
+        ("finder", "browser.find(born)", "no page is open"),
+        ("opener", "browser.open(1)", "no search result"),
+        ("opener", "browser.open(http://example.org)", "no page"),
+        ("opener", "browser.open(d0001, 9)", "has pages 1 to"),
+        ("searcher", "answer(anything)", "finder owns it"),
+    ]
+    for number, (role, reply, message) in enumerate(cases, start=1):
+        before = env.observation(role)
+        result = env.step(role, reply)
+        assert not result.valid and message in result.message and result.reward == 0.0
+        assert env.decisions_made == number and not env.done
+        assert f"Msg: {result.message}"[:20] in env.observation(role)
+        assert before.split("Last:")[1].split("\n")[0] in env.observation(role)  # screen kept
+    assert env.episode_metrics()["invalid_turns"] == len(cases)
+
+
+def test_tools_show_results_and_open_by_rank(env):
+    env.reset(0)
+    hop = env.question.hops[0]
+    assert env.step("searcher", f"browser.search({hop.subject})").valid
+    assert hop.doc_id in env.observation("opener")
+    assert env.step("opener", "browser.open(1)").valid
+    assert f"Page: {hop.doc_id} p1/" in env.observation("finder")
+    assert env.step("finder", f"browser.find({hop.pattern})").valid
+    assert hop.answer in env.observation("searcher")
+    assert env.step("finder", "browser.find(zzzz)").valid
+    assert "no match" in env.observation("finder")
+    assert hop.answer in env.observation("finder").split("Notes:")[1]  # the fact stays in notes
+
+
+def test_wrong_answer_ends_with_zero_reward_and_monolithic_owns_every_tool(env):
+    env.reset(5)
+    assert env.step(None, f"browser.search({env.question.hops[0].subject})").valid
+    assert env.step(None, f"browser.open({env.question.hops[0].doc_id})").valid
+    result = env.step(None, "answer(Nobody Special)")
+    assert result.valid and result.done and result.reward == 0.0
+    assert env.episode_metrics()["success"] == 0.0 and env.episode_metrics()["decisions"] == 3
+    after = env.step(None, "answer(again)")
+    assert not after.valid and after.done and env.decisions_made == 3
+
+
+def test_budget_ends_the_episode(cache_dir):
+    env = ResearchEnv(ResearchConfig(cache_dir=cache_dir, max_decisions=3))
+    env.reset(1)
+    assert not env.skip().done and not env.step("finder", "browser.find(x)").done
+    assert env.skip().done and env.done and env.episode_metrics()["reward"] == 0.0
+
+
+def test_fork_contract(cache_dir):
+    check_fork_contract(lambda: ResearchEnv(ResearchConfig(cache_dir=cache_dir)), list(range(12)))
+    check_fork_contract(
+        lambda: ResearchEnv(ResearchConfig(cache_dir=cache_dir)), [1_000_000, 1_000_007]
+    )
+
+
+def test_snapshot_is_plain_data(env):
+    env.reset(2)
+    env.step(None, env.expert_action(None))
+    state = env.snapshot()
+    assert json.loads(json.dumps(state)) == state
+    assert pickle.loads(pickle.dumps(state)) == state
+
+
+def test_registered_in_tasks():
+    assert TASKS["research"] == "bidswarm.envs.research:ResearchEnv"
+    assert env_class("research") is ResearchEnv
+
+
+# -- own corpus files ----------------------------------------------------------------------------
+def _write_small_corpus(tmp_path, world, n_heldout=3, n_train=5):
+    documents, questions = world
+    heldout = [q for q in questions if q.split == "heldout"][:n_heldout]
+    train = [q for q in questions if q.split == "train"][:n_train]
+    corpus, questions_path = tmp_path / "corpus.jsonl", tmp_path / "questions.jsonl"
+    write_jsonl(corpus, (document_row(d) for d in documents))
+    write_jsonl(questions_path, (question_row(q) for q in heldout + train))
+    return corpus, questions_path
+
+
+def test_own_jsonl_corpus_and_questions(tmp_path, world):
+    corpus, questions_path = _write_small_corpus(tmp_path, world)
+    config = ResearchConfig(
+        corpus_path=str(corpus),
+        questions_path=str(questions_path),
+        n_heldout_seeds=3,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    env = ResearchEnv(config)
+    assert [q.id for q in env.data.heldout] == [q.id for q in read_questions(questions_path)][:3]
+    for seed in env.heldout_seeds():
+        assert play_expert_episode(env, seed, BID_LEVELS).metrics["success"] == 1.0
+    with pytest.raises(ValueError, match="n_heldout_seeds=50"):
+        ResearchEnv(replace(config, n_heldout_seeds=50))
+
+
+def test_questions_without_hops_still_play(tmp_path, world):
+    corpus, _ = _write_small_corpus(tmp_path, world)
+    questions_path = tmp_path / "plain.jsonl"
+    title = world[0][0].title
+    rows = [
+        {"id": f"q{i}", "question": f"Who leads {title}?", "answer": "x", "split": split}
+        for i, split in enumerate(["heldout", "train"])
+    ]
+    write_jsonl(questions_path, rows)
+    config = ResearchConfig(
+        corpus_path=str(corpus),
+        questions_path=str(questions_path),
+        n_heldout_seeds=1,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    episode = play_expert_episode(ResearchEnv(config), 0, BID_LEVELS)
+    assert episode.metrics["success"] == 0.0 and episode.actors[:2] == ["searcher", "opener"]
+
+
+def test_bad_question_file_names_the_line(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    write_jsonl(path, [{"id": "q", "question": "?", "answer": "a", "split": "test"}])
+    with pytest.raises(ValueError, match=r"questions\.jsonl:1: field 'split'"):
+        read_questions(path)
+
+
+# -- config ----------------------------------------------------------------------------------------
+def test_yaml_composes_onto_the_schema():
+    # Composed as a primary config here, so its schema is looked up at the root.
+    ConfigStore.instance().store(name="research_schema", node=ResearchConfig)
+    with initialize_config_dir(str(CONF / "task"), version_base="1.3"):
+        cfg = compose("research")
+    config = OmegaConf.to_object(cfg)
+    assert isinstance(config, ResearchConfig)
+    assert config == ResearchConfig()  # the YAML states the schema's defaults, nothing else
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        ({"judge": "vibes"}, "task.judge"),
+        ({"judge": "llm"}, "task.judge_url"),
+        ({"corpus_path": "c.jsonl"}, "task.corpus_path"),
+        ({"min_hops": 5}, "task.min_hops"),
+        ({"f1_threshold": 0.0}, "task.f1_threshold"),
+    ],
+)
+def test_bad_values_fail_naming_the_key(change, key, cache_dir):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        ResearchEnv(ResearchConfig(cache_dir=cache_dir, **change))
