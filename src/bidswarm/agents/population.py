@@ -1,0 +1,113 @@
+"""The swarm: one :class:`AgentPolicy` per role and replica, each with its own parameters."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from bidswarm.agents.models import build_tiny_model, load_model_and_tokenizer, torch_dtype
+from bidswarm.agents.policy import AgentPolicy
+from bidswarm.config import ModelConfig
+
+POPULATION_FILE = "population.json"
+
+
+def agent_folder_name(index: int, role: str | None) -> str:
+    """``agent0_logger``, ``agent3_monolithic``, ..."""
+    return f"agent{index}_{role or 'monolithic'}"
+
+
+class Population(torch.nn.Module):
+    """``agents[i]`` is an :class:`AgentPolicy`; ``roles[i]`` its role (None: monolithic).
+
+    Agents are ordered role by role, the replicas of a role next to each other.
+    """
+
+    def __init__(self, agents: list[AgentPolicy]):
+        super().__init__()
+        if not agents:
+            raise ValueError("a population needs at least one agent")
+        self.agents = torch.nn.ModuleList(agents)
+
+    @property
+    def roles(self) -> list[str | None]:
+        return [agent.role for agent in self.agents]
+
+    def __len__(self) -> int:
+        return len(self.agents)
+
+    def __iter__(self):
+        return iter(self.agents)
+
+    def __getitem__(self, index: int) -> AgentPolicy:
+        return self.agents[index]
+
+    def agents_of(self, role: str | None) -> list[int]:
+        """Indices of the agents (replicas) of ``role``."""
+        return [index for index, agent_role in enumerate(self.roles) if agent_role == role]
+
+    @classmethod
+    def build(
+        cls,
+        model_cfg: ModelConfig,
+        roles: list[str | None],
+        replicas: int,
+        corpus: list[str] | None,
+    ) -> Population:
+        """``len(roles) * replicas`` agents from ``model_cfg``.
+
+        Pretrained sources are loaded once and copied. ``tiny`` agents share one tokenizer
+        (trained once on ``corpus``); each role gets its own random initialisation (from the
+        caller's torch seed). Replicas of a role start from the same weights, in separate copies.
+        """
+        if replicas < 1:
+            raise ValueError(f"coordination.replicas={replicas} must be >= 1")
+        if len(set(roles)) != len(roles):
+            raise ValueError(f"roles must be distinct, got {roles}; use replicas to copy a role")
+        model, tokenizer = load_model_and_tokenizer(model_cfg, corpus)
+        agents = []
+        for role_index, role in enumerate(roles):
+            if role_index == 0:
+                role_model = model
+            elif model_cfg.source == "tiny":
+                role_model = build_tiny_model(model_cfg.tiny, tokenizer)
+                role_model = role_model.to(torch_dtype(model_cfg.dtype))
+            else:
+                role_model = copy.deepcopy(model)
+            for replica in range(replicas):
+                replica_model = role_model if replica == 0 else copy.deepcopy(role_model)
+                agents.append(
+                    AgentPolicy(replica_model, tokenizer, role, model_cfg.max_prompt_tokens)
+                )
+        return cls(agents)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        folders = []
+        for index, agent in enumerate(self.agents):
+            folder = agent_folder_name(index, agent.role)
+            agent.save_pretrained(directory / folder)
+            folders.append(folder)
+        meta = {"agents": folders, "roles": self.roles}
+        (directory / POPULATION_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32):
+        """The population saved by :meth:`save_pretrained` (agents in their saved order)."""
+        directory = Path(directory)
+        meta_path = directory / POPULATION_FILE
+        if meta_path.is_file():
+            folders = json.loads(meta_path.read_text())["agents"]
+        else:
+            found = [p.name for p in directory.iterdir() if re.fullmatch(r"agent\d+_.+", p.name)]
+            folders = sorted(found, key=lambda name: int(name[5:].split("_")[0]))
+        if not folders:
+            raise FileNotFoundError(f"{directory} holds no saved agents")
+        agents = [AgentPolicy.from_pretrained(directory / folder, dtype) for folder in folders]
+        return cls(agents)

@@ -1,0 +1,254 @@
+"""SFT cold start (PAPER.md section 5): each agent learns only its own role's demonstrations.
+
+A role agent trains on its role's bid and action demonstrations for ``SFTConfig.epochs``; the
+monolithic agent (role None) trains on every role's actions (the demonstrations with role None)
+for as many tokens as the role agents of one replica train in total (matched SFT compute).
+The loss is the token mean of the negative log-likelihood of the reply tokens (end of sequence
+included), never of the prompt. One AdamW optimizer holds one param group per agent, each with
+its own cosine schedule over that agent's own steps; an agent with no batch in a step has no
+gradient, so AdamW leaves it unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import Logger
+from torch.utils.data import DataLoader
+
+from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.population import Population, agent_folder_name
+from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.config import SFTConfig
+from bidswarm.envs.experts import Demonstration
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """A tokenized demonstration: prompt tokens and reply tokens (ending with eos)."""
+
+    prompt_ids: list[int]
+    reply_ids: list[int]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.reply_ids)
+
+
+def encode_demonstrations(
+    agent: AgentPolicy, demonstrations: list[Demonstration], prompts: PromptTemplate
+) -> list[SFTExample]:
+    """Prompt and reply tokens of each demonstration, as ``agent`` would see and write them."""
+    texts = [
+        prompts.bid(d.role, d.observation)
+        if d.kind == "bid"
+        else prompts.action(d.role, d.observation)
+        for d in demonstrations
+    ]
+    prompt_ids = agent.encode_prompts(texts) if texts else []
+    return [
+        SFTExample(ids, agent.encode_reply(prompts.reply_text(d.reply)))
+        for ids, d in zip(prompt_ids, demonstrations, strict=True)
+    ]
+
+
+def demonstrations_of(role: str | None, demonstrations: list[Demonstration]):
+    """A role's bid and action demonstrations; for None, the monolithic copies of actions."""
+    if role is None:
+        return [d for d in demonstrations if d.role is None and d.kind == "action"]
+    return [d for d in demonstrations if d.role == role]
+
+
+def epoch_stream(n_examples: int, epochs: int, rng: random.Random) -> list[int]:
+    """Example indices for ``epochs`` passes, each pass in a fresh random order."""
+    stream: list[int] = []
+    for _ in range(epochs):
+        order = list(range(n_examples))
+        rng.shuffle(order)
+        stream += order
+    return stream
+
+
+def token_matched_stream(examples: list[SFTExample], budget: int, rng: random.Random) -> list[int]:
+    """Shuffled passes over ``examples`` cut where their tokens first reach ``budget``."""
+    stream: list[int] = []
+    total = 0
+    while total < budget and examples:
+        for index in epoch_stream(len(examples), 1, rng):
+            if total >= budget:
+                break
+            stream.append(index)
+            total += examples[index].tokens
+    return stream
+
+
+@dataclass
+class AgentPlan:
+    """What one agent trains on: its examples, their order, and its batches."""
+
+    examples: list[SFTExample]
+    stream: list[int]
+    batch_size: int
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(len(self.stream) / self.batch_size)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(math.ceil(len(self.examples) / self.batch_size), 1)
+
+    def batch(self, step: int) -> list[SFTExample]:
+        indices = self.stream[step * self.batch_size : (step + 1) * self.batch_size]
+        return [self.examples[index] for index in indices]
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.examples[index].tokens for index in self.stream)
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(len(self.examples[index].reply_ids) for index in self.stream)
+
+
+def plan_sft(
+    population: Population,
+    demonstrations: list[Demonstration],
+    prompts: PromptTemplate,
+    cfg: SFTConfig,
+    seed: int,
+) -> list[AgentPlan]:
+    """Each agent's examples and batch order (see the module docstring for the rules)."""
+    rng = random.Random(seed)
+    role_demos = [d for d in demonstrations if d.role is not None]
+    plans = []
+    for agent in population:
+        examples = encode_demonstrations(
+            agent, demonstrations_of(agent.role, demonstrations), prompts
+        )
+        if agent.role is None:
+            # Matched compute: as many tokens as one replica of every role trains in total.
+            budget = cfg.epochs * sum(
+                e.tokens for e in encode_demonstrations(agent, role_demos, prompts)
+            )
+            stream = token_matched_stream(examples, budget, rng)
+        else:
+            stream = epoch_stream(len(examples), cfg.epochs, rng)
+        plans.append(AgentPlan(examples, stream, cfg.batch_size))
+    return plans
+
+
+def cosine_schedule(total_steps: int):
+    """LR factor from 1 down to 0 over ``total_steps`` (half a cosine), then 0."""
+
+    def factor(step: int) -> float:
+        if total_steps <= 0:
+            return 0.0
+        return 0.5 * (1.0 + math.cos(math.pi * min(step, total_steps) / total_steps))
+
+    return factor
+
+
+class SFTModule(L.LightningModule):
+    """Supervised fine-tuning of every agent of a population on its own plan."""
+
+    def __init__(self, population: Population, plans: list[AgentPlan], cfg: SFTConfig):
+        super().__init__()
+        self.population = population
+        self.plans = plans
+        self.cfg = cfg
+        self.losses: dict[int, list[float]] = defaultdict(list)
+
+    @property
+    def total_steps(self) -> int:
+        return max((plan.steps for plan in self.plans), default=0)
+
+    def agent_name(self, index: int) -> str:
+        return agent_folder_name(index, self.population[index].role)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(list(range(self.total_steps)), batch_size=None, shuffle=False)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
+        step = int(batch)
+        total = None
+        for index, (agent, plan) in enumerate(zip(self.population, self.plans, strict=True)):
+            examples = plan.batch(step)
+            if not examples:
+                continue
+            logprobs, mask = agent.reply_token_logprobs(
+                [e.prompt_ids for e in examples], [e.reply_ids for e in examples]
+            )
+            loss = -(logprobs * mask).sum() / mask.sum()
+            self.losses[index].append(float(loss.detach()))
+            self.log(f"sft/loss/{self.agent_name(index)}", loss, batch_size=len(examples))
+            total = loss if total is None else total + loss
+        if total is not None:
+            self.log("sft/loss", total, batch_size=1, prog_bar=True)
+        return total
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        groups = [
+            {"params": list(agent.parameters()), "name": self.agent_name(index)}
+            for index, agent in enumerate(self.population)
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        schedules = [cosine_schedule(plan.steps) for plan in self.plans]
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedules)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def final_loss(self, index: int) -> float:
+        """Mean loss of the agent's last epoch worth of batches (nan if it never trained)."""
+        recent = self.losses[index][-self.plans[index].steps_per_epoch :]
+        return sum(recent) / len(recent) if recent else math.nan
+
+
+def run_sft(
+    population: Population,
+    demonstrations: list[Demonstration],
+    prompts: PromptTemplate,
+    cfg: SFTConfig,
+    trainer_kwargs: dict[str, Any] | None = None,
+    logger: Logger | None = None,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Fine-tune every agent on its own demonstrations with a ``lightning.Trainer``.
+
+    ``trainer_kwargs`` go to the Trainer (accelerator, devices, precision, ...); loss curves
+    go to ``logger`` per agent. Returns ``sft/final_loss/<agent>``, ``sft/trained_tokens/<agent>``
+    (prompt + reply tokens processed), ``sft/loss_tokens/<agent>`` (supervised reply tokens),
+    ``sft/trained_tokens`` (all agents) and ``sft/steps``.
+    """
+    plans = plan_sft(population, demonstrations, prompts, cfg, seed)
+    module = SFTModule(population, plans, cfg)
+    if module.total_steps == 0:
+        raise ValueError("SFT has no demonstrations for any agent of the population")
+    options: dict[str, Any] = {
+        "max_epochs": 1,
+        "logger": logger if logger is not None else False,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "enable_progress_bar": False,
+        "log_every_n_steps": 1,
+    }
+    options.update(trainer_kwargs or {})
+    population.train()
+    L.Trainer(**options).fit(module)
+    population.eval()
+    result: dict[str, float] = {"sft/steps": float(module.total_steps)}
+    for index, plan in enumerate(plans):
+        name = module.agent_name(index)
+        result[f"sft/final_loss/{name}"] = module.final_loss(index)
+        result[f"sft/trained_tokens/{name}"] = float(plan.trained_tokens)
+        result[f"sft/loss_tokens/{name}"] = float(plan.loss_tokens)
+    result["sft/trained_tokens"] = float(sum(plan.trained_tokens for plan in plans))
+    return result

@@ -1,0 +1,308 @@
+"""Tokenizer, model loading, prompts, batched generation, log-probs and the population."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bidswarm.agents.models import load_model_and_tokenizer
+from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate, parse_bid
+from bidswarm.agents.tokenizer import build_tokenizer
+from bidswarm.config import ModelConfig, TinyArchConfig
+
+LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
+ROLES = ["logger", "miner", "smith"]
+OBSERVATIONS = [
+    "step 12 of 120. inventory: 3 oak log, 2 stick. near: forest, stone 2 blocks down.",
+    "step 3 of 120. inventory: nothing. near: forest.",
+    "step 40 of 120. inventory: 1 wooden pickaxe, 4 cobblestone. near: stone. last: miner mine "
+    "stone -> got 4 cobblestone.",
+]
+REPLIES = ["chop a tree", "mine stone", "craft a wooden pickaxe", "0.0", "0.2", "0.6", "0.8"]
+REPLIES += [f" {reply}" for reply in REPLIES]
+
+
+def corpus() -> list[str]:
+    prompts = [f"{role} bid: {obs} ->" for role in ROLES for obs in OBSERVATIONS]
+    return prompts + REPLIES
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    arch = TinyArchConfig(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    return ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch, **overrides)
+
+
+@pytest.fixture
+def agent() -> AgentPolicy:
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(tiny_config(), corpus())
+    return AgentPolicy(model, tokenizer, "logger")
+
+
+@pytest.fixture
+def template(agent: AgentPolicy) -> PromptTemplate:
+    descriptions = {role: f"{role} things" for role in [*ROLES, None]}
+    return PromptTemplate("compact", "get a pickaxe", descriptions, tuple(LEVELS), agent.tokenizer)
+
+
+# -- tokenizer ---------------------------------------------------------------------------------
+def test_tokenizer_keeps_task_words_and_numbers_whole_and_round_trips(tmp_path):
+    tokenizer = build_tokenizer(corpus(), vocab_size=512)
+    # A word after a space (as in every prompt) is one token, its space included.
+    for word in [" inventory", " pickaxe", " cobblestone", " 120", " 0.6", " 12", "0.8"]:
+        assert len(tokenizer(word, add_special_tokens=False)["input_ids"]) == 1, word
+    text = OBSERVATIONS[2] + "\nlast: smith craft sticks"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) < len(text.split()) * 2
+    assert tokenizer.decode(ids) == text
+    assert {tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token} == {
+        "<pad>",
+        "<s>",
+        "</s>",
+    }
+    assert tokenizer.padding_side == "left"
+    tokenizer.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.get_vocab() == tokenizer.get_vocab()
+    assert reloaded(text, add_special_tokens=False)["input_ids"] == ids
+    assert (
+        reloaded("<s>miner bid:", add_special_tokens=False)["input_ids"][0] == reloaded.bos_token_id
+    )
+
+
+def test_tokenizer_maps_unseen_characters_to_unk_and_rejects_empty_corpus():
+    tokenizer = build_tokenizer(corpus(), vocab_size=512)
+    assert tokenizer.unk_token_id in tokenizer("é", add_special_tokens=False)["input_ids"]
+    with pytest.raises(ValueError, match="corpus"):
+        build_tokenizer([], vocab_size=512)
+
+
+# -- prompts and bids --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0.6", (0.6, True)),
+        (" 0.8 because I hold the pickaxe", (0.8, True)),
+        ("bid: 0.5", (0.4, True)),  # equidistant: the lower level, as the experts snap
+        ("0.7", (0.6, True)),
+        ("1", (0.8, True)),
+        (".2", (0.2, True)),
+        ("0", (0.0, True)),
+        ("1.5", (0.0, False)),
+        ("-0.2", (0.0, False)),
+        ("pass", (0.0, False)),
+        ("", (0.0, False)),
+    ],
+)
+def test_parse_bid(text, expected):
+    value, ok = parse_bid(text, LEVELS)
+    assert (pytest.approx(value), ok) == expected
+
+
+def test_compact_prompts_are_short_and_name_role_and_kind(template, agent):
+    bid = template.bid("miner", OBSERVATIONS[0])
+    assert bid == f"<s>miner bid: {OBSERVATIONS[0]} ->"
+    assert template.action(None, OBSERVATIONS[0]).startswith("<s>team act: ")
+    assert template.reply_text("mine stone") == " mine stone"
+    ids = agent.encode_prompts([bid])[0]
+    assert ids[0] == agent.tokenizer.bos_token_id
+    assert len(ids) <= len(bid.split()) + 12
+
+
+def test_chat_style_needs_a_chat_template(agent):
+    with pytest.raises(ValueError, match="chat template"):
+        PromptTemplate("chat", "task", {None: "all"}, tuple(LEVELS), agent.tokenizer)
+    with pytest.raises(ValueError, match="prompt_style"):
+        PromptTemplate("verbose", "task", {None: "all"}, tuple(LEVELS), agent.tokenizer)
+
+
+# -- models ------------------------------------------------------------------------------------
+def test_model_sources_fail_clearly():
+    with pytest.raises(ValueError, match="corpus"):
+        load_model_and_tokenizer(tiny_config(), None)
+    with pytest.raises(ValueError, match="source"):
+        load_model_and_tokenizer(ModelConfig(name="x", source="magic"), None)
+    missing = ModelConfig(name="x", source="hub", path="/nonexistent/model-folder")
+    with pytest.raises(FileNotFoundError, match="/nonexistent/model-folder"):
+        load_model_and_tokenizer(missing, None)
+    absent = ModelConfig(name="x", source="gguf", gguf_package="no_such_pkg", gguf_file="m.gguf")
+    with pytest.raises(FileNotFoundError, match="no_such_pkg"):
+        load_model_and_tokenizer(absent, None)
+
+
+def test_tiny_model_matches_config_and_tokenizer():
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(tiny_config(), corpus())
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
+    assert next(model.parameters()).dtype == torch.float32
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+
+
+# -- generation and log-probs ------------------------------------------------------------------
+def prompts_of_different_lengths(template: PromptTemplate) -> list[str]:
+    return [
+        template.bid("logger", OBSERVATIONS[0]),
+        template.action("miner", OBSERVATIONS[1]),
+        template.bid("smith", OBSERVATIONS[2]),
+        template.action(None, "step 1 of 120."),
+    ]
+
+
+def test_batched_greedy_generation_equals_one_at_a_time(agent, template):
+    prompts = prompts_of_different_lengths(template)
+    batched = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
+    singles = [agent.generate([p], max_new_tokens=6, temperature=0.0)[0] for p in prompts]
+    assert batched == singles
+    assert all(len(g.reply_ids) == 6 for g in batched)  # an untrained model rarely stops
+    assert [g.prompt_ids for g in batched] == agent.encode_prompts(prompts)
+
+
+def test_sampling_is_reproducible_with_a_generator(agent, template):
+    prompts = prompts_of_different_lengths(template) * 4
+
+    def sample(seed: int):
+        return agent.generate(prompts, 8, 1.0, torch.Generator().manual_seed(seed))
+
+    first, again, other = sample(1), sample(1), sample(2)
+    assert first == again
+    assert first != other
+    assert len({tuple(g.reply_ids) for g in first}) > 4  # rows sample independently
+
+
+def test_generation_stops_at_eos_per_row_and_keeps_it(agent, template):
+    prompts = prompts_of_different_lengths(template)
+    free = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    # Declare the first greedy token of row 0 the end of sequence: row 0 must stop right
+    # after it, the rows whose greedy path never meets it must still run to the limit.
+    stop = free[0].reply_ids[0]
+    agent.stop_ids = [stop]
+    stopped = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    assert stopped[0].reply_ids == [stop]
+    for before, after in zip(free, stopped, strict=True):
+        cut = before.reply_ids.index(stop) + 1 if stop in before.reply_ids else 5
+        assert after.reply_ids == before.reply_ids[:cut]
+
+
+def test_prompts_are_truncated_from_the_left(agent, template):
+    prompt = template.bid("logger", OBSERVATIONS[2])
+    full = agent.encode_prompts([prompt])[0]
+    agent.max_prompt_tokens = 7
+    generation = agent.generate([prompt], max_new_tokens=2, temperature=0.0)[0]
+    assert generation.prompt_ids == full[-7:]
+
+
+def test_batched_logprobs_equal_one_at_a_time_and_carry_gradient(agent, template):
+    prompts = prompts_of_different_lengths(template)
+    prompt_ids = agent.encode_prompts(prompts)
+    reply_ids = [agent.encode_reply(text) for text in [" 0.6", " mine stone", "", " chop a tree"]]
+    logprobs, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
+    assert logprobs.shape == mask.shape == (4, max(len(r) for r in reply_ids))
+    assert mask.sum(1).tolist() == [len(r) for r in reply_ids]
+    for row, (prompt, reply) in enumerate(zip(prompt_ids, reply_ids, strict=True)):
+        single, _ = agent.reply_token_logprobs([prompt], [reply])
+        torch.testing.assert_close(logprobs[row, : len(reply)], single[0], atol=1e-5, rtol=0)
+        assert bool((logprobs[row, len(reply) :] == 0).all())
+        # Reference: the plain unpadded forward of this one sequence.
+        sequence = torch.tensor([prompt + reply])
+        if reply:
+            reference = torch.log_softmax(agent.model(sequence).logits[0, :-1], -1)
+            expected = reference[len(prompt) - 1 :].gather(-1, sequence[0, len(prompt) :, None])
+            torch.testing.assert_close(single[0], expected[:, 0], atol=1e-5, rtol=0)
+    (logprobs * mask).sum().backward()
+    grads = [p.grad for p in agent.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_logprobs_of_sampled_replies_match_the_sampling_distribution(agent, template):
+    """Greedy replies take each row's most likely token: its log-prob is the row maximum."""
+    prompts = prompts_of_different_lengths(template)
+    generations = agent.generate(prompts, max_new_tokens=3, temperature=0.0)
+    with torch.no_grad():
+        logprobs, _ = agent.reply_token_logprobs(
+            [g.prompt_ids for g in generations], [g.reply_ids for g in generations]
+        )
+        for row, generation in enumerate(generations):
+            ids = torch.tensor([generation.prompt_ids + generation.reply_ids[:-1]])
+            step_logprobs = torch.log_softmax(
+                agent.model(ids).logits[0, -len(generation.reply_ids) :], -1
+            )
+            torch.testing.assert_close(
+                logprobs[row], step_logprobs.max(-1).values, atol=1e-5, rtol=0
+            )
+
+
+def test_agent_save_and_load_round_trip(agent, template, tmp_path):
+    prompts = prompts_of_different_lengths(template)
+    agent.save_pretrained(tmp_path / "agent")
+    loaded = AgentPolicy.from_pretrained(tmp_path / "agent")
+    assert loaded.role == "logger"
+    assert loaded.generate(prompts, 5, 0.0) == agent.generate(prompts, 5, 0.0)
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "agent", dtype=torch.float32)
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in agent.parameters())
+
+
+# -- population --------------------------------------------------------------------------------
+def test_population_roles_replicas_and_independent_copies(tmp_path):
+    torch.manual_seed(0)
+    population = Population.build(tiny_config(), [*ROLES, None], replicas=2, corpus=corpus())
+    assert population.roles == ["logger", "logger", "miner", "miner", "smith", "smith", None, None]
+    assert population.agents_of("miner") == [2, 3]
+    logger_a, logger_b, miner_a = population[0], population[1], population[2]
+    weights = [p for p in logger_a.parameters()]
+    for a, b in zip(weights, logger_b.parameters(), strict=True):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    assert not all(torch.equal(a, b) for a, b in zip(weights, miner_a.parameters(), strict=True)), (
+        "different roles start from different random weights"
+    )
+    assert len({id(agent.tokenizer) for agent in population}) == 1
+    with torch.no_grad():
+        weights[0].add_(1.0)
+    assert not torch.equal(weights[0], next(logger_b.parameters()))
+
+    population.save_pretrained(tmp_path)
+    folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert "agent0_logger" in folders and "agent7_monolithic" in folders
+    loaded = Population.from_pretrained(tmp_path)
+    assert loaded.roles == population.roles
+    for a, b in zip(population.parameters(), loaded.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert loaded[3].tokenizer.get_vocab() == population[3].tokenizer.get_vocab()
+
+
+def test_population_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="replicas"):
+        Population.build(tiny_config(), ROLES, replicas=0, corpus=corpus())
+    with pytest.raises(ValueError, match="distinct"):
+        Population.build(tiny_config(), ["miner", "miner"], replicas=1, corpus=corpus())
+
+
+def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, template):
+    header = "<s>logger bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * 4)
+    prompts = [f"{header} {obs} ->" for obs in OBSERVATIONS] + [f"{header} ->"]
+    agent.min_shared_prefix = 10**6  # never share
+    plain = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    agent.min_shared_prefix = 8
+    calls = []
+    hook = agent.model.model.register_forward_hook(
+        lambda module, args, kwargs, output: calls.append(kwargs["input_ids"].shape),
+        with_kwargs=True,
+    )
+    shared = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    hook.remove()
+    assert shared == plain
+    assert calls[0][0] == 1 and calls[0][1] >= 30  # the shared prefix, one row
+    assert calls[1][0] == len(prompts) and calls[1][1] < calls[0][1]  # only the suffixes
+    gen = torch.Generator().manual_seed(3)
+    sampled = agent.generate(prompts, 6, 1.0, gen)
+    logprobs, mask = agent.reply_token_logprobs(
+        [g.prompt_ids for g in sampled], [g.reply_ids for g in sampled]
+    )
+    assert torch.isfinite(logprobs).all() and mask.sum() == sum(len(g.reply_ids) for g in sampled)

@@ -1,0 +1,166 @@
+"""SFT cold start: each agent learns its own role's demonstrations; matched monolithic compute."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.config import ModelConfig, SFTConfig, TinyArchConfig
+from bidswarm.envs.experts import Demonstration, format_bid
+from bidswarm.lit.sft import encode_demonstrations, plan_sft, run_sft
+
+LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
+ROLES = ["logger", "miner", "smith"]
+ACTIONS = {"logger": "chop a tree", "miner": "mine stone", "smith": "craft a wooden pickaxe"}
+
+
+def expert_demonstrations(n_steps: int, seed: int = 0) -> list[Demonstration]:
+    """A hand-made crafting-like world: the role whose input is missing bids 0.8 and acts.
+
+    Logs are chopped until 3, then the smith crafts a pickaxe, then the miner mines stone;
+    the other roles bid 0.0 or 0.2 (could help a little) by a fixed rule.
+    """
+    rng = random.Random(seed)
+    demos = []
+    for step in range(n_steps):
+        logs, pickaxe = rng.randint(0, 5), rng.random() < 0.5
+        actor = "logger" if logs < 3 else ("miner" if pickaxe else "smith")
+        tools = "1 wooden pickaxe" if pickaxe else "nothing else"
+        observation = f"step {step % 40} of 40. inventory: {logs} oak log, {tools}. near: forest."
+        for role in ROLES:
+            level = 0.8 if role == actor else (0.2 if role == "smith" and logs >= 3 else 0.0)
+            demos.append(Demonstration("bid", role, observation, format_bid(level)))
+        demos.append(Demonstration("action", actor, observation, ACTIONS[actor]))
+        demos.append(Demonstration("action", None, observation, ACTIONS[actor]))
+    return demos
+
+
+def tiny_config() -> ModelConfig:
+    arch = TinyArchConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+    return ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch)
+
+
+def build(roles, demos) -> tuple[Population, PromptTemplate]:
+    descriptions = {
+        role: f"{role} can {ACTIONS.get(role, 'do anything')}" for role in [*ROLES, None]
+    }
+    corpus_template = PromptTemplate("compact", "get a pickaxe", descriptions, tuple(LEVELS))
+    corpus = [
+        (corpus_template.bid if d.kind == "bid" else corpus_template.action)(d.role, d.observation)
+        + corpus_template.reply_text(d.reply)
+        for d in demos
+    ]
+    torch.manual_seed(0)
+    population = Population.build(tiny_config(), roles, replicas=1, corpus=corpus)
+    template = PromptTemplate(
+        "compact", "get a pickaxe", descriptions, tuple(LEVELS), population[0].tokenizer
+    )
+    return population, template
+
+
+def greedy_match_rate(population, template, demos, role_of_demos=None) -> dict[int, float]:
+    """Per agent: the fraction of its demonstrations whose greedy reply equals the expert's."""
+    rates = {}
+    for index, agent in enumerate(population):
+        own = [d for d in demos if d.role == (role_of_demos or agent.role)]
+        if agent.role is None:
+            own = [d for d in own if d.kind == "action"]
+        prompts = [
+            template.bid(d.role, d.observation)
+            if d.kind == "bid"
+            else template.action(d.role, d.observation)
+            for d in own
+        ]
+        replies = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
+        rates[index] = sum(r.text == d.reply for r, d in zip(replies, own, strict=True)) / len(own)
+    return rates
+
+
+def test_sft_teaches_each_agent_its_own_role():
+    train = expert_demonstrations(96, seed=0)
+    heldout = expert_demonstrations(24, seed=1)
+    population, template = build([*ROLES, None], train)
+    before_weights = [[p.detach().clone() for p in agent.parameters()] for agent in population]
+    before = greedy_match_rate(population, template, heldout)
+    cfg = SFTConfig(epochs=12, lr=3e-3, batch_size=16)
+    result = run_sft(population, train, template, cfg, trainer_kwargs={"accelerator": "cpu"})
+    after = greedy_match_rate(population, template, heldout)
+    assert max(before.values()) < 0.2
+    assert all(rate >= 0.8 for rate in after.values()), after
+    for index, agent in enumerate(population):
+        changed = any(
+            not torch.equal(old, new)
+            for old, new in zip(before_weights[index], agent.parameters(), strict=True)
+        )
+        assert changed, f"agent {index} did not change"
+        assert result[f"sft/final_loss/agent{index}_{agent.role or 'monolithic'}"] < 0.5
+    # The logger never learnt the smith's reply: it is not among its greedy answers.
+    logger = population[0]
+    smith_prompts = [template.action("smith", d.observation) for d in heldout if d.role == "smith"]
+    assert all(g.text != ACTIONS["smith"] for g in logger.generate(smith_prompts, 6, 0.0))
+
+
+def test_monolithic_agent_gets_matched_token_budget():
+    demos = expert_demonstrations(20)
+    population, template = build([*ROLES, None], demos)
+    cfg = SFTConfig(epochs=2, lr=1e-3, batch_size=8)
+    plans = plan_sft(population, demos, template, cfg, seed=0)
+    role_tokens = sum(plan.trained_tokens for plan in plans[:3])
+    own = encode_demonstrations(population[0], [d for d in demos if d.role == "logger"], template)
+    assert plans[0].trained_tokens == 2 * sum(e.tokens for e in own)
+    longest = max(e.tokens for e in plans[3].examples)
+    assert role_tokens <= plans[3].trained_tokens < role_tokens + longest
+    # Each role agent's examples are exactly its own role's demonstrations.
+    assert len(plans[1].examples) == sum(d.role == "miner" for d in demos)
+    assert len(plans[3].examples) == sum(d.role is None for d in demos)
+    assert all(e.reply_ids[-1] == population[0].eos_id for e in plans[0].examples)
+
+
+def test_sft_logs_per_agent_losses_and_fails_without_data(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    demos = expert_demonstrations(8)
+    population, template = build(["logger", "miner"], demos)
+    logger = CSVLogger(save_dir=str(tmp_path), name="sft")
+    cfg = SFTConfig(epochs=1, lr=1e-3, batch_size=4)
+    result = run_sft(population, demos, template, cfg, {"accelerator": "cpu"}, logger=logger)
+    assert result["sft/steps"] == max(
+        -(-sum(d.role == role for d in demos) // 4) for role in ["logger", "miner"]
+    )
+    logger.finalize("success")
+    header = next((tmp_path / "sft").rglob("metrics.csv")).read_text().splitlines()[0]
+    assert "sft/loss/agent0_logger" in header and "sft/loss/agent1_miner" in header
+    with pytest.raises(ValueError, match="no demonstrations"):
+        run_sft(population, [], template, cfg, {"accelerator": "cpu"})
+
+
+def test_sft_on_crafting_experts_generalises_to_heldout_worlds():
+    """Tiny agents after a short SFT on two expert episodes, scored on a held-out world."""
+    from bidswarm.envs.crafting import CraftingEnv
+    from bidswarm.envs.crafting.config import CraftingConfig
+    from bidswarm.envs.experts import play_expert_episode
+
+    env = CraftingEnv(CraftingConfig())
+
+    def demos(seeds) -> list[Demonstration]:
+        return [d for s in seeds for d in play_expert_episode(env, s, LEVELS).demonstrations]
+
+    train, heldout = demos(env.train_seeds()[:2]), demos(env.heldout_seeds()[:1])
+    plain = PromptTemplate.for_env(env, "compact", None, LEVELS)
+    corpus = [env.task_description] + [
+        (plain.bid if d.kind == "bid" else plain.action)(d.role, d.observation)
+        + plain.reply_text(d.reply)
+        for d in train
+    ]
+    torch.manual_seed(0)
+    population = Population.build(tiny_config(), [*env.roles, None], 1, corpus)
+    template = PromptTemplate.for_env(env, "compact", population[0].tokenizer, LEVELS)
+    before = greedy_match_rate(population, template, heldout)
+    run_sft(population, train, template, SFTConfig(epochs=8, lr=3e-3, batch_size=16), {})
+    after = greedy_match_rate(population, template, heldout)
+    assert max(before.values()) <= 0.1, before
+    assert min(after.values()) >= 0.6, after
