@@ -7,11 +7,12 @@ the error names the key. Value checks that types cannot express live in :func:`v
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from bidswarm.envs.base import TaskConfig
 
@@ -49,6 +50,18 @@ class ModelConfig:
     max_action_tokens: int = 12
     max_prompt_tokens: int = 768
     gradient_checkpointing: bool = False
+    torch_threads: int | None = None
+    """Intra-op CPU threads (None: torch's default). Tiny models run fastest on one thread:
+    their matrices are too small to split, and spinning threads stall on a shared machine."""
+    prompt_style: str = "chat"
+    """``chat``: the tokenizer's chat template with task and role descriptions; ``compact``:
+    a short plain template (``<role> bid: <observation> ->``) for models trained from scratch."""
+    sft_epochs: int = 2
+    """Epochs of the SFT cold start (PAPER.md: 2); read by the root config."""
+    sft_lr: float = 1e-5
+    """Learning rate of the SFT cold start (PAPER.md section 5); read by the root config."""
+    rl_lr: float = 1e-6
+    """Learning rate of the RL updates (PAPER.md section 5); read by the root config."""
 
 
 @dataclass
@@ -99,6 +112,8 @@ class SFTConfig:
     batch_size: int = 16
     demo_episodes: int = 32
     """Scripted-expert episodes (training seeds) that provide the demonstrations."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the SFT optimizer."""
 
 
 @dataclass
@@ -122,6 +137,8 @@ class RLConfig:
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
     checkpoint_every: int = 1
     """Save a resumable checkpoint every this many updates."""
+    stop_after: int | None = None
+    """End this process after this many updates (e.g. a cluster time slot); resume later."""
 
 
 @dataclass
@@ -156,12 +173,74 @@ class TrainConfig:
 def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (called before composing)."""
     from bidswarm.envs.crafting.config import CraftingConfig
+    from bidswarm.envs.navigation.config import NavigationConfig
+    from bidswarm.envs.research.config import ResearchConfig
 
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(group="task", name="crafting_schema", node=CraftingConfig)
+    cs.store(group="task", name="navigation_schema", node=NavigationConfig)
+    cs.store(group="task", name="research_schema", node=ResearchConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="coordination", name="coordination_schema", node=CoordinationConfig)
     cs.store(group="credit", name="credit_schema", node=CreditConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
+
+
+def unknown_keys(node: Any, path: str = "") -> list[str]:
+    """Keys present in ``node`` that its dataclass schema lacks (Hydra's ``+key=`` adds them)."""
+    if not isinstance(node, DictConfig):
+        return []
+    schema = OmegaConf.get_type(node)
+    names = (
+        {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    )
+    found = []
+    for key in node:
+        dotted = f"{path}{key}"
+        if names is not None and key not in names:
+            found.append(dotted)
+        elif not OmegaConf.is_missing(node, key):
+            found += unknown_keys(node._get_node(key), f"{dotted}.")
+    return found
+
+
+def validate(cfg: Any) -> None:
+    """Value checks that the schemas' types cannot express; each error names the key."""
+    from bidswarm.algorithms.credit import CREDIT_RULES
+    from bidswarm.coordination import RULES
+    from bidswarm.envs import TASKS
+
+    problems = [f"{key}: not a field of the config schema" for key in unknown_keys(cfg)]
+    if cfg.task.name not in TASKS:
+        problems.append(f"task.name={cfg.task.name!r}: unknown task; known: {sorted(TASKS)}")
+    if cfg.coordination.name not in RULES:
+        problems.append(
+            f"coordination.name={cfg.coordination.name!r}: unknown; known: {sorted(RULES)}"
+        )
+    if cfg.credit.name not in CREDIT_RULES:
+        problems.append(f"credit.name={cfg.credit.name!r}: unknown; known: {sorted(CREDIT_RULES)}")
+    levels = list(cfg.coordination.bid_levels)
+    if not levels or any(not 0.0 <= b <= 1.0 for b in levels) or 0.0 not in levels:
+        problems.append(
+            f"coordination.bid_levels={levels}: levels must lie in [0, 1] and include 0 (pass)"
+        )
+    if cfg.coordination.replicas < 1:
+        problems.append(f"coordination.replicas={cfg.coordination.replicas}: need >= 1 agent")
+    if cfg.model.source not in ("tiny", "gguf", "hub"):
+        problems.append(f"model.source={cfg.model.source!r}: choose tiny, gguf or hub")
+    if cfg.rl.loss_normalization not in ("token_mean", "sequence_sum"):
+        problems.append(
+            f"rl.loss_normalization={cfg.rl.loss_normalization!r}: token_mean or sequence_sum"
+        )
+    for key in ("rl.cycles", "rl.envs_per_update", "task.max_decisions", "rl.max_bid_resamples"):
+        section, name = key.split(".")
+        if cfg[section][name] < 1:
+            problems.append(f"{key}={cfg[section][name]}: must be >= 1")
+    if cfg.rl.fork_budget < 0:
+        problems.append(f"rl.fork_budget={cfg.rl.fork_budget}: must be >= 0")
+    if cfg.model.temperature <= 0:
+        problems.append(f"model.temperature={cfg.model.temperature}: must be > 0")
+    if problems:
+        raise ValueError("invalid config:\n  " + "\n  ".join(problems))

@@ -8,6 +8,8 @@ from bidswarm.envs.base import MONOLITHIC, StepResult, TaskConfig, TextEnv
 
 TASKS: dict[str, str] = {
     "crafting": "bidswarm.envs.crafting:CraftingEnv",
+    "research": "bidswarm.envs.research:ResearchEnv",
+    "navigation": "bidswarm.envs.navigation:NavigationEnv",
 }
 """Task name (``task.name`` in the config) -> ``module:EnvClass``."""
 

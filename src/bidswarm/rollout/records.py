@@ -1,0 +1,78 @@
+"""Plain records of what happened in an episode, consumed by the credit rules and the losses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A generated reply: the tokens the policy saw and produced (for recomputing log-probs)."""
+
+    agent: int
+    prompt_ids: list[int]
+    reply_ids: list[int]
+    text: str
+
+
+@dataclass
+class StepRecord:
+    """One decision step of one episode.
+
+    bids:     parsed bid per agent (empty when the coordination rule asks for none).
+    bid_replies: the bid replies, one per agent (empty likewise).
+    actor:    index of the acting agent; None when every bid was 0 (skipped step).
+    runner_up / runner_up_bid: the best other bidder (forks let it act instead).
+    snapshot: environment state before the action, kept only for contested steps when forks
+              are wanted.
+    """
+
+    decision: int
+    actor: int | None
+    winning_bid: float = 0.0
+    runner_up: int | None = None
+    runner_up_bid: float = 0.0
+    bids: list[float] = field(default_factory=list)
+    bid_replies: list[Reply] = field(default_factory=list)
+    action: Reply | None = None
+    reward: float = 0.0
+    valid_action: bool = True
+    snapshot: Any = None
+
+    @property
+    def contested(self) -> bool:
+        """PAPER.md section 4: the runner-up bid is non-zero."""
+        return self.actor is not None and self.runner_up_bid > 0.0
+
+
+@dataclass
+class Episode:
+    """A whole episode in one world; ``steps`` in decision order, skipped steps included."""
+
+    seed: int
+    steps: list[StepRecord] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_reward(self) -> float:
+        return sum(step.reward for step in self.steps)
+
+    @property
+    def acting_steps(self) -> list[StepRecord]:
+        """The chain of actors that credit flows along (skipped steps dropped, PAPER.md 3)."""
+        return [step for step in self.steps if step.actor is not None]
+
+    def reward_from(self, decision: int) -> float:
+        """Environment reward from ``decision`` (inclusive) to the end: a fork's branch score."""
+        return sum(step.reward for step in self.steps if step.decision >= decision)
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """Two bid replies of the same agent in the same context; ``preferred`` led to more reward."""
+
+    agent: int
+    prompt_ids: list[int]
+    preferred_ids: list[int]
+    rejected_ids: list[int]

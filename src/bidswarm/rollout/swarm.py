@@ -1,0 +1,142 @@
+"""The swarm as the rollout loop sees it: batched bids and actions per agent, with accounting.
+
+Every call is batched per agent over many environments (one generation batch, left padding,
+KV cache), and counts the tokens it processed so training FLOPs can be reported (PAPER.md 5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate, parse_bid
+from bidswarm.envs.base import TextEnv
+from bidswarm.rollout.records import Reply
+
+
+@dataclass
+class Usage:
+    """Token and FLOP counters (2 * params per generated or scored token, 6 * params trained)."""
+
+    rollout_tokens: int = 0
+    train_tokens: int = 0
+    rollout_flops: float = 0.0
+    train_flops: float = 0.0
+    bid_parse_failures: int = 0
+    bids_made: int = 0
+    invalid_actions: int = 0
+    actions_made: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in vars(self).items() if not isinstance(v, dict)}
+
+    def load(self, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            setattr(self, key, type(getattr(self, key))(value))
+
+
+class Swarm:
+    """Population + prompt templates + generation settings + usage counters."""
+
+    def __init__(
+        self,
+        population: Population,
+        prompts: PromptTemplate,
+        max_bid_tokens: int,
+        max_action_tokens: int,
+        temperature: float,
+        bid_population: Population | None = None,
+    ):
+        self.population = population
+        self.bid_population = bid_population or population
+        """Whose bid policies bid (the component ablation mixes checkpoints); default: the same."""
+        self.prompts = prompts
+        self.bid_levels = list(prompts.bid_levels)
+        self.max_bid_tokens = max_bid_tokens
+        self.max_action_tokens = max_action_tokens
+        self.temperature = temperature
+        self.usage = Usage()
+        self.params_per_agent = [
+            sum(p.numel() for p in agent.parameters()) for agent in population.agents
+        ]
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.population.agents)
+
+    def role(self, agent: int) -> str | None:
+        return self.population.agents[agent].role
+
+    def _generate(
+        self,
+        policy: AgentPolicy,
+        agent: int,
+        prompts: list[str],
+        max_new_tokens: int,
+        generator: torch.Generator,
+    ) -> list[Reply]:
+        with torch.no_grad():
+            generations = policy.generate(
+                prompts,
+                max_new_tokens=max_new_tokens,
+                temperature=self.temperature,
+                generator=generator,
+            )
+        tokens = sum(len(g.prompt_ids) + len(g.reply_ids) for g in generations)
+        self.usage.rollout_tokens += tokens
+        self.usage.rollout_flops += 2.0 * self.params_per_agent[agent] * tokens
+        return [Reply(agent, g.prompt_ids, g.reply_ids, g.text) for g in generations]
+
+    def bid(
+        self, agent: int, envs: list[TextEnv], generator: torch.Generator, copies: int = 1
+    ) -> list[tuple[float, Reply]]:
+        """``agent``'s bid in each env (each prompt ``copies`` times, consecutive)."""
+        role = self.role(agent)
+        prompts = [self.prompts.bid(role, env.observation(role)) for env in envs]
+        prompts = [prompt for prompt in prompts for _ in range(copies)]
+        policy = self.bid_population.agents[agent]
+        replies = self._generate(policy, agent, prompts, self.max_bid_tokens, generator)
+        out = []
+        for reply in replies:
+            level, ok = parse_bid(reply.text, self.bid_levels)
+            self.usage.bids_made += 1
+            self.usage.bid_parse_failures += not ok
+            out.append((level, reply))
+        return out
+
+    def act(self, agent: int, envs: list[TextEnv], generator: torch.Generator) -> list[Reply]:
+        """``agent``'s action reply in each env."""
+        role = self.role(agent)
+        prompts = [self.prompts.action(role, env.observation(role)) for env in envs]
+        policy = self.population.agents[agent]
+        return self._generate(policy, agent, prompts, self.max_action_tokens, generator)
+
+    def score(self, agent: int, envs: list[TextEnv], replies: list[Reply]) -> list[float]:
+        """Mean token log-prob of each reply as ``agent``'s own action in its env (one batch).
+
+        ``replies[k]`` is scored in ``envs[k]`` under ``agent``'s action prompt, at the sampling
+        temperature; an empty reply scores ``-inf``. Counted as rollout tokens and FLOPs.
+        """
+        role = self.role(agent)
+        policy = self.population.agents[agent]
+        prompt_ids = policy.encode_prompts(
+            [self.prompts.action(role, env.observation(role)) for env in envs]
+        )
+        reply_ids = [reply.reply_ids for reply in replies]
+        with torch.no_grad():
+            logprobs, mask = policy.reply_token_logprobs(prompt_ids, reply_ids, self.temperature)
+        tokens = sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
+        self.usage.rollout_tokens += tokens
+        self.usage.rollout_flops += 2.0 * self.params_per_agent[agent] * tokens
+        lengths = mask.sum(dim=1)
+        means = (logprobs * mask).sum(dim=1) / lengths.clamp(min=1)
+        pairs = zip(means.tolist(), lengths.tolist(), strict=True)
+        return [mean if n > 0 else float("-inf") for mean, n in pairs]
+
+    def count_trained(self, agent: int, tokens: int) -> None:
+        self.usage.train_tokens += tokens
+        self.usage.train_flops += 6.0 * self.params_per_agent[agent] * tokens

@@ -1,0 +1,257 @@
+"""One training run as named phases: build, cold start, evaluate, fit, finish.
+
+Everything a resumed (or DDP child) process needs to pick the run up again lives in the run
+folder: ``state.json`` (phases done, held-out results, MLflow run id), ``sft/`` (the population
+after the cold start), ``checkpoints/last.ckpt`` (agents, optimizer, schedule position).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from bidswarm import tracking
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.coordination import make_coordination
+from bidswarm.envs import make_env
+from bidswarm.envs.base import TextEnv
+from bidswarm.envs.experts import Demonstration, play_expert_episode
+from bidswarm.lit.callbacks import UpdateProgress
+from bidswarm.lit.sft import run_sft
+from bidswarm.lit.swarm_module import SwarmModule
+from bidswarm.plots import plot_participation, plot_reward_vs_flops
+from bidswarm.rollout.evaluation import evaluate
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.swarm import Swarm
+
+
+def expert_demonstrations(env: TextEnv, seeds: list[int], bid_levels: list[float]):
+    """The scripted experts' demonstrations on training worlds (SFT data, tokenizer corpus)."""
+    demos: list[Demonstration] = []
+    for seed in seeds:
+        demos += play_expert_episode(env, seed, bid_levels).demonstrations
+    return demos
+
+
+def population_roles(cfg: DictConfig, env: TextEnv) -> list[str | None]:
+    """Monolithic: one agent owning every role; otherwise one agent per role (times replicas)."""
+    return [None] if cfg.coordination.name == "monolithic" else list(env.roles)
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
+    if cfg.logger.name == "csv":
+        return CSVLogger(save_dir=str(run_dir), name="csv")
+    uri = tracking.tracking_uri(cfg.logger.tracking_uri)
+    tags = {"bidswarm.run_dir": str(run_dir.resolve())}
+    parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name) if run_id is None else None
+    if parent is not None:
+        tags["mlflow.parentRunId"] = parent
+    return MLFlowLogger(
+        experiment_name=cfg.logger.experiment_name,
+        run_name=tracking.run_name(),
+        tracking_uri=uri,
+        tags=tags,
+        run_id=run_id,
+    )
+
+
+@dataclass
+class Run:
+    cfg: DictConfig
+    run_dir: Path
+    env: TextEnv
+    population: Population
+    loop: RolloutLoop
+    demonstrations: list[Demonstration]
+    logger: Logger
+    state: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    # -- build ---------------------------------------------------------------------------------
+    @classmethod
+    def start(cls, cfg: DictConfig) -> Run:
+        run_dir = Path(cfg.resume or cfg.output_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        state_path = run_dir / "state.json"
+        state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        env = make_env(OmegaConf.to_object(cfg.task))
+        levels = list(cfg.coordination.bid_levels)
+        demo_seeds = env.train_seeds()[: cfg.sft.demo_episodes]
+        demos = expert_demonstrations(env, demo_seeds, levels)
+        if state.get("sft_done"):
+            population = Population.from_pretrained(run_dir / "sft")
+        else:
+            texts = PromptTemplate.for_env(env, "compact", None, levels)
+            corpus = [env.task_description] + [env.role_description(r) for r in env.roles]
+            corpus += texts.demonstration_texts(demos)
+            population = Population.build(
+                cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus
+            )
+        prompts = PromptTemplate.for_env(
+            env, cfg.model.prompt_style, population.agents[0].tokenizer, levels
+        )
+        swarm = Swarm(
+            population,
+            prompts,
+            cfg.model.max_bid_tokens,
+            cfg.model.max_action_tokens,
+            cfg.model.temperature,
+        )
+        loop = RolloutLoop(
+            lambda: make_env(OmegaConf.to_object(cfg.task)),
+            swarm,
+            make_coordination(cfg.coordination.name),
+        )
+        logger = make_logger(cfg, run_dir, state.get("mlflow_run_id"))
+        run = cls(cfg, run_dir, env, population, loop, demos, logger, state)
+        run.record_start()
+        return run
+
+    def record_start(self) -> None:
+        if isinstance(self.logger, MLFlowLogger):
+            self.state["mlflow_run_id"] = self.logger.run_id
+        if "started" not in self.state:
+            self.state["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
+            self.logger.log_hyperparams(OmegaConf.to_container(self.cfg, resolve=True))
+            config_file = self.run_dir / "resolved_config.yaml"
+            config_file.write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+            self.log_artifact(config_file)
+        self.save_state()
+
+    # -- phases --------------------------------------------------------------------------------
+    def cold_start(self) -> None:
+        """SFT on each role's own expert demonstrations (PAPER.md section 5), then save."""
+        if self.cfg.sft.enabled:
+            result = run_sft(
+                self.population,
+                self.demonstrations,
+                self.loop.swarm.prompts,
+                self.cfg.sft,
+                trainer_kwargs=self.trainer_kwargs(),
+                logger=self.logger,
+            )
+            self.state["sft"] = result
+        if rank_zero_only.rank == 0:
+            self.population.save_pretrained(self.run_dir / "sft")
+        self.state["sft_done"] = True
+        self.save_state()
+
+    def evaluate_and_record(self, key: str) -> dict[str, float]:
+        """Held-out mean +- SE, logged under ``key/`` and kept in the run's state."""
+        if rank_zero_only.rank != 0:
+            return {}
+        seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
+        metrics, _ = evaluate(self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed)
+        self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()})
+        self.state[key] = metrics
+        self.save_state()
+        print(
+            f"[bidswarm] {key}: held-out reward {metrics['reward/mean']:.2f} "
+            f"+- {metrics['reward/se']:.2f} over {len(seeds)} worlds",
+            flush=True,
+        )
+        return metrics
+
+    def fit(self) -> bool:
+        """RL: the 4:1 schedule of action and bid updates, checkpointed every update.
+
+        Returns whether the schedule is complete (``rl.stop_after`` can end the process early).
+        """
+        module = SwarmModule(
+            self.loop, self.cfg.rl, self.cfg.credit.name, self.env.train_seeds(), self.cfg.seed
+        )
+        checkpoints = self.run_dir / "checkpoints"
+        last = checkpoints / "last.ckpt"
+        trainer = L.Trainer(
+            max_epochs=module.total_updates,
+            callbacks=[
+                ModelCheckpoint(
+                    dirpath=checkpoints,
+                    save_last=True,
+                    save_top_k=0,
+                    every_n_epochs=self.cfg.rl.checkpoint_every,
+                ),
+                UpdateProgress(module.total_updates),
+            ],
+            enable_checkpointing=True,
+            enable_progress_bar=False,
+            **self.trainer_kwargs(),
+        )
+        trainer.fit(module, ckpt_path=str(last) if last.exists() else None)
+        self.history = module.history
+        return module.finished
+
+    def finish(self) -> None:
+        """Save the trained agents, plot, and print where to look."""
+        if rank_zero_only.rank != 0:
+            return
+        self.population.save_pretrained(self.run_dir / "final")
+        plots = [
+            plot_reward_vs_flops(self.history, self.run_dir / "reward_vs_flops.png"),
+            plot_participation(self.history, self.run_dir / "participation.png"),
+        ]
+        for path in plots:
+            self.log_artifact(path)
+        self.log_artifact(self.run_dir / "state.json")
+        self.print_summary()
+
+    # -- helpers -------------------------------------------------------------------------------
+    def trainer_kwargs(self) -> dict[str, Any]:
+        t = self.cfg.trainer
+        strategy = t.strategy
+        if strategy == "ddp":
+            # Agents that did not act this update have no gradient: let DDP skip them.
+            strategy = DDPStrategy(find_unused_parameters=True)
+        return dict(
+            accelerator=t.accelerator,
+            devices=t.devices,
+            num_nodes=t.num_nodes,
+            strategy=strategy,
+            precision=t.precision,
+            logger=self.logger,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            log_every_n_steps=1,
+            use_distributed_sampler=False,
+            default_root_dir=str(self.run_dir),
+        )
+
+    def save_state(self) -> None:
+        if rank_zero_only.rank == 0:
+            (self.run_dir / "state.json").write_text(json.dumps(self.state, indent=1))
+
+    def log_artifact(self, path: Path) -> None:
+        if isinstance(self.logger, MLFlowLogger) and rank_zero_only.rank == 0:
+            self.logger.experiment.log_artifact(self.logger.run_id, str(path))
+
+    def close(self, status: str) -> None:
+        self.logger.finalize("success" if status == "FINISHED" else "failed")
+
+    def print_summary(self) -> None:
+        before = self.state.get("eval_before", {}).get("reward/mean")
+        after = self.state.get("eval_after", {}).get("reward/mean")
+        lines = ["", f"[bidswarm] run folder: {self.run_dir}"]
+        if before is not None:
+            lines.append(f"[bidswarm] held-out reward before RL (after SFT): {before:.2f}")
+        if after is not None:
+            se = self.state["eval_after"]["reward/se"]
+            lines.append(f"[bidswarm] held-out reward after RL: {after:.2f} +- {se:.2f}")
+        if isinstance(self.logger, MLFlowLogger):
+            uri = self.logger._tracking_uri
+            lines.append(
+                f"[bidswarm] MLflow: mlflow ui --backend-store-uri {uri}  "
+                f"(run {self.logger.run_id})"
+            )
+        print("\n".join(lines), flush=True)

@@ -1,0 +1,42 @@
+"""Shared fixtures: the config folder, and a guard against tests leaking environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# Two cores shared by everything on CI: one intra-op thread keeps tests predictable.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_environment():
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    leaked = {k for k in after.keys() ^ before.keys()} | {
+        k for k in after.keys() & before.keys() if after[k] != before[k]
+    }
+    # Libraries set a few process-wide variables on first import; those are not test leaks.
+    leaked = {
+        k
+        for k in leaked
+        if not k.startswith(
+            (
+                "KMP_",
+                "OMP_",
+                "MKL_",
+                "TOKENIZERS_",
+                "PYTEST_",
+                "TORCHINDUCTOR_",
+                "_MLFLOW_TELEMETRY_",
+            )
+        )
+    }
+    assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
