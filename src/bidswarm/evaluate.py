@@ -1,0 +1,273 @@
+"""Evaluate a trained swarm on held-out worlds with any coordination rule; log mean +- SE.
+
+    python -m bidswarm.evaluate run_dir=outputs/runs/<day>/<time>                 # as trained
+    python -m bidswarm.evaluate run_dir=... coordination=round_robin              # swap the rule
+    python -m bidswarm.evaluate run_dir=... bids_from=sft                          # mix checkpoints
+    python -m bidswarm.evaluate -m run_dir=... coordination=auction,round_robin,graph_of_agents
+
+``task``, ``model`` and ``coordination`` default to the training run's own (its
+``resolved_config.yaml``); pass a group (``coordination=agentnet``, ``task=crafting_torch``) to
+change one. The bid and action policies may come from different populations of the run
+(``final``, ``sft``) or any saved population folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from bidswarm import tracking
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.config import (
+    CoordinationConfig,
+    LoggerConfig,
+    ModelConfig,
+    register_configs,
+    unknown_keys,
+)
+from bidswarm.coordination import RULES, make_coordination
+from bidswarm.envs import TASKS, env_class, make_env
+from bidswarm.envs.base import MONOLITHIC
+from bidswarm.rollout.evaluation import evaluate
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.swarm import Swarm
+
+CHECKPOINTS = ("final", "sft")
+"""Populations every finished training run folder holds (after RL, after the cold start)."""
+
+
+@dataclass
+class EvaluateConfig:
+    """The root of ``conf/evaluate.yaml``; ``task``/``model``/``coordination`` None: the run's."""
+
+    run_dir: str = MISSING
+    bids_from: str = "final"
+    """``final``, ``sft`` (populations in ``run_dir``) or the path of a saved population."""
+    actions_from: str = "final"
+    runs_per_seed: int = 3
+    max_seeds: int | None = None
+    batch_size: int = 64
+    """Episodes played in lock-step at once."""
+    seed: int = 0
+    device: str = "cpu"
+    task: Any = None
+    model: Any = None
+    coordination: Any = None
+    logger: LoggerConfig = MISSING
+    output_dir: str = "${hydra:runtime.output_dir}"
+
+
+def register_evaluate_config() -> None:
+    register_configs()
+    ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+
+
+register_evaluate_config()
+
+
+def population_folder(run_dir: Path, source: str) -> Path:
+    """``final`` / ``sft`` inside the run folder, or ``source`` itself as a path."""
+    folder = run_dir / source if source in CHECKPOINTS else Path(source)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"no saved population at {folder} (from {source!r}); a finished training run "
+            f"folder holds {' and '.join(CHECKPOINTS)}/"
+        )
+    return folder
+
+
+def resolve_from_run(cfg: DictConfig) -> DictConfig:
+    """The evaluation config with ``task``/``model``/``coordination`` filled and typed.
+
+    A group left at None takes the training run's section; every section is checked against
+    its schema so a wrong key fails here, naming it.
+    """
+    run_dir = Path(cfg.run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run_dir={run_dir} is not a folder")
+    trained_path = run_dir / "resolved_config.yaml"
+    trained = OmegaConf.load(trained_path) if trained_path.is_file() else None
+    sections = {}
+    for key in ("task", "model", "coordination"):
+        section = cfg[key]
+        if section is None:
+            if trained is None:
+                raise FileNotFoundError(f"{trained_path} is missing: pass {key}=... explicitly")
+            section = trained[key]
+        sections[key] = section
+    if sections["task"].name not in TASKS:
+        raise ValueError(f"task.name={sections['task'].name!r}: unknown; known: {sorted(TASKS)}")
+    schemas = {
+        "task": env_class(sections["task"].name).Config,
+        "model": ModelConfig,
+        "coordination": CoordinationConfig,
+    }
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    for key, schema in schemas.items():
+        typed = OmegaConf.merge(OmegaConf.structured(schema), sections[key])
+        resolved[key] = OmegaConf.to_container(typed, resolve=True)
+    out = OmegaConf.create(resolved)
+    for key, schema in schemas.items():
+        out[key] = OmegaConf.merge(OmegaConf.structured(schema), out[key])
+    return out
+
+
+def validate_evaluation(cfg: DictConfig) -> None:
+    """Value checks; each error names the key."""
+    problems = [f"{key}: not a field of the config schema" for key in unknown_keys(cfg)]
+    if cfg.coordination.name not in RULES:
+        problems.append(
+            f"coordination.name={cfg.coordination.name!r}: unknown; known: {sorted(RULES)}"
+        )
+    if cfg.runs_per_seed < 1:
+        problems.append(f"runs_per_seed={cfg.runs_per_seed}: must be >= 1")
+    if cfg.max_seeds is not None and cfg.max_seeds < 1:
+        problems.append(f"max_seeds={cfg.max_seeds}: must be >= 1 (or null for all)")
+    if cfg.batch_size < 1:
+        problems.append(f"batch_size={cfg.batch_size}: must be >= 1")
+    if problems:
+        raise ValueError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def build_loop(cfg: DictConfig) -> RolloutLoop:
+    """Populations (actions and bids possibly from different checkpoints) -> swarm -> loop."""
+    run_dir = Path(cfg.run_dir)
+    device = torch.device(cfg.device)
+    actions = Population.from_pretrained(population_folder(run_dir, cfg.actions_from)).to(device)
+    bids = actions
+    if cfg.bids_from != cfg.actions_from:
+        bids = Population.from_pretrained(population_folder(run_dir, cfg.bids_from)).to(device)
+        if bids.roles != actions.roles:
+            raise ValueError(
+                f"bids_from={cfg.bids_from!r} has roles {bids.roles}, actions_from="
+                f"{cfg.actions_from!r} has {actions.roles}: they must be the same population"
+            )
+    rule = make_coordination(cfg.coordination.name)
+    monolithic = actions.roles == [MONOLITHIC]
+    if cfg.coordination.name == "monolithic" and not monolithic:
+        raise ValueError(
+            f"coordination=monolithic needs the single monolithic agent; run {run_dir} has "
+            f"roles {actions.roles}"
+        )
+    if monolithic and rule.asks_bids:
+        raise ValueError(
+            f"run {run_dir} trained one monolithic agent, which has no bid policy: "
+            f"coordination={cfg.coordination.name} needs bids"
+        )
+    task_config = OmegaConf.to_object(cfg.task)
+    env = make_env(task_config)
+    prompts = PromptTemplate.for_env(
+        env, cfg.model.prompt_style, actions.agents[0].tokenizer, list(cfg.coordination.bid_levels)
+    )
+    swarm = Swarm(
+        actions,
+        prompts,
+        cfg.model.max_bid_tokens,
+        cfg.model.max_action_tokens,
+        cfg.model.temperature,
+        bid_population=bids,
+    )
+    return RolloutLoop(lambda: make_env(task_config), swarm, rule)
+
+
+def source_run_id(run_dir: Path) -> str | None:
+    """The MLflow run id of the training run (kept in its ``state.json``)."""
+    state = run_dir / "state.json"
+    return json.loads(state.read_text()).get("mlflow_run_id") if state.is_file() else None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow params are flat)."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out |= flatten(value, f"{prefix}{key}.")
+    return out
+
+
+def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float]) -> str:
+    """One MLflow run tagged with its source training run (a sweep's jobs under one parent)."""
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking.tracking_uri(cfg.logger.tracking_uri)
+    # First, so that parallel jobs of a sweep set up a new store one at a time.
+    parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(cfg.logger.experiment_name)
+    experiment_id = (
+        experiment.experiment_id
+        if experiment
+        else client.create_experiment(cfg.logger.experiment_name)
+    )
+    run_dir = Path(cfg.run_dir).resolve()
+    tags = {
+        "bidswarm.kind": "evaluate",
+        "bidswarm.source_run_dir": str(run_dir),
+        "bidswarm.bids_from": cfg.bids_from,
+        "bidswarm.actions_from": cfg.actions_from,
+    }
+    source = source_run_id(run_dir)
+    if source is not None:
+        tags["bidswarm.source_run"] = source
+    if parent is not None:
+        tags["mlflow.parentRunId"] = parent
+    run = client.create_run(experiment_id, run_name="eval " + tracking.run_name(), tags=tags)
+    params = flatten(OmegaConf.to_container(cfg, resolve=True))
+    client.log_batch(
+        run.info.run_id,
+        metrics=[Metric(f"eval/{k}", float(v), 0, 0) for k, v in metrics.items()],
+        params=[Param(k, str(v)[:6000]) for k, v in params.items()],
+    )
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
+
+
+def run_evaluation(cfg: DictConfig) -> dict[str, float]:
+    """Held-out seeds x ``runs_per_seed`` episodes; returns the metrics (``reward/mean`` ...)."""
+    loop = build_loop(cfg)
+    env = loop.make_env()
+    seeds = env.heldout_seeds()[: cfg.max_seeds]
+    metrics, _ = evaluate(loop, seeds, cfg.runs_per_seed, cfg.seed, cfg.batch_size)
+    usage = loop.swarm.usage
+    metrics |= {
+        "seeds": float(len(seeds)),
+        "runs_per_seed": float(cfg.runs_per_seed),
+        "flops/rollout": usage.rollout_flops,
+        "tokens/rollout": float(usage.rollout_tokens),
+        "parse_failures/bid": float(usage.bid_parse_failures),
+        "invalid_actions": float(usage.invalid_actions),
+    }
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "evaluation.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    if cfg.logger.name == "mlflow":
+        log_to_mlflow(cfg, metrics)
+    print(
+        f"[bidswarm] held-out reward {metrics['reward/mean']:.2f} +- {metrics['reward/se']:.2f} "
+        f"over {len(seeds)} worlds x {cfg.runs_per_seed} runs (coordination="
+        f"{cfg.coordination.name}, bids={cfg.bids_from}, actions={cfg.actions_from})",
+        flush=True,
+    )
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> float:
+    cfg = resolve_from_run(cfg)
+    validate_evaluation(cfg)
+    return run_evaluation(cfg)["reward/mean"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""``python -m bidswarm.evaluate``: configs from the run, mixed checkpoints, MLflow, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from bidswarm.agents.population import Population
+from bidswarm.config import register_configs
+from bidswarm.envs import make_env
+from bidswarm.evaluate import (
+    build_loop,
+    register_evaluate_config,
+    resolve_from_run,
+    run_evaluation,
+    validate_evaluation,
+)
+from conftest import CONF, ROOT
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A run folder as training leaves it: config, state, ``sft/`` and ``final/`` populations."""
+    run_dir = tmp_path_factory.mktemp("run")
+    register_configs()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=["debug=smoke", "task.max_decisions=6"])
+    sections = {key: OmegaConf.to_container(cfg[key]) for key in ("task", "model", "coordination")}
+    (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(sections))
+    (run_dir / "state.json").write_text(json.dumps({"mlflow_run_id": "trainingrun0"}))
+    env = make_env(OmegaConf.to_object(cfg.task))
+    env.reset(0)
+    corpus = [env.task_description, *(env.role_description(r) for r in env.roles)]
+    corpus += [env.observation(r) for r in env.roles]
+    for folder, seed in (("sft", 0), ("final", 1)):
+        torch.manual_seed(seed)
+        Population.build(cfg.model, list(env.roles), 1, corpus).save_pretrained(run_dir / folder)
+    return run_dir
+
+
+def evaluation_config(run_dir: Path, tmp_path: Path, *overrides: str):
+    register_evaluate_config()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose(
+            "evaluate",
+            overrides=[
+                f"run_dir={run_dir}",
+                f"output_dir={tmp_path / 'eval'}",
+                f"logger.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                "max_seeds=2",
+                "runs_per_seed=2",
+                *overrides,
+            ],
+        )
+    cfg = resolve_from_run(cfg)
+    validate_evaluation(cfg)
+    return cfg
+
+
+def test_task_model_and_coordination_default_to_the_runs(finished_run, tmp_path):
+    cfg = evaluation_config(finished_run, tmp_path)
+    assert cfg.task.max_decisions == 6 and cfg.model.tiny.hidden_size == 32
+    assert cfg.coordination.name == "auction"
+    swapped = evaluation_config(finished_run, tmp_path, "coordination=round_robin")
+    assert swapped.coordination.name == "round_robin" and swapped.task.max_decisions == 6
+
+
+@pytest.mark.parametrize(
+    ("ablation", "bids", "actions", "rule"),
+    [
+        ("initial_bids", "sft", "final", "auction"),
+        ("initial_actions", "final", "sft", "auction"),
+        ("initial_both", "sft", "sft", "auction"),
+        ("goa", "final", "final", "graph_of_agents"),
+        ("agentnet", "final", "final", "agentnet"),
+    ],
+)
+def test_ablations_compose_as_evaluation_configs(
+    finished_run, tmp_path, ablation, bids, actions, rule
+):
+    cfg = evaluation_config(finished_run, tmp_path, f"ablation={ablation}")
+    assert (cfg.bids_from, cfg.actions_from, cfg.coordination.name) == (bids, actions, rule)
+
+
+def same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_bids_and_actions_come_from_the_chosen_checkpoints(finished_run, tmp_path):
+    loop = build_loop(evaluation_config(finished_run, tmp_path, "ablation=initial_bids"))
+    sft = Population.from_pretrained(finished_run / "sft")
+    final = Population.from_pretrained(finished_run / "final")
+    assert same_parameters(loop.swarm.bid_population, sft)
+    assert same_parameters(loop.swarm.population, final)
+    assert not same_parameters(sft, final)
+
+
+def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(finished_run, tmp_path):
+    cfg = evaluation_config(finished_run, tmp_path, "coordination=round_robin")
+    metrics = run_evaluation(cfg)
+    assert metrics["episodes"] == 4.0 and metrics["seeds"] == 2.0
+    assert metrics["reward/se"] >= 0.0 and metrics["flops/rollout"] > 0
+    saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
+    assert saved == pytest.approx(metrics)
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("bidswarm").experiment_id])
+    assert run.data.tags["bidswarm.source_run"] == "trainingrun0"
+    assert run.data.tags["bidswarm.kind"] == "evaluate"
+    assert run.data.metrics["eval/reward/mean"] == pytest.approx(metrics["reward/mean"])
+    assert run.data.params["coordination.name"] == "round_robin"
+    # The same evaluation seed replays the same episodes.
+    again = run_evaluation(
+        evaluation_config(finished_run, tmp_path, "coordination=round_robin", "logger=csv")
+    )
+    assert again["reward/mean"] == metrics["reward/mean"]
+    assert again["tokens/rollout"] == metrics["tokens/rollout"]
+
+
+def test_bad_inputs_fail_with_the_key_named(finished_run, tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        build_loop(evaluation_config(finished_run, tmp_path, f"bids_from={tmp_path / 'nowhere'}"))
+    with pytest.raises(ValueError, match="monolithic"):
+        build_loop(evaluation_config(finished_run, tmp_path, "coordination=monolithic"))
+    with pytest.raises(ValueError, match="runs_per_seed"):
+        evaluation_config(finished_run, tmp_path, "runs_per_seed=0")
+    with pytest.raises(FileNotFoundError, match="run_dir"):
+        evaluation_config(tmp_path / "missing", tmp_path)
+
+
+@pytest.mark.slow
+def test_cli_evaluates_a_run_folder(finished_run, tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.evaluate",
+        f"run_dir={finished_run}",
+        "max_seeds=1",
+        "runs_per_seed=1",
+        "coordination=graph_of_agents",
+        "logger=csv",
+        f"hydra.run.dir={tmp_path / 'cli'}",
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "held-out reward" in result.stdout
+    assert json.loads((tmp_path / "cli" / "evaluation.json").read_text())["episodes"] == 1.0

@@ -1,0 +1,154 @@
+"""``scripts/report.py``: strategies pooled over seeds, the table, the plots, a real sweep."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["report"] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load_report()
+
+
+def test_strategy_pools_seeds_and_evaluation_sizes():
+    assert report.strategy_of("ablation=monolithic,seed=2") == "ablation=monolithic"
+    assert report.strategy_of("experiment=table1,seed=0") == report.DEFAULT_STRATEGY
+    assert report.strategy_of("eval coordination=agentnet,max_seeds=8") == "coordination=agentnet"
+    assert report.strategy_of("default") == report.DEFAULT_STRATEGY
+
+
+def result(strategy: str, mean: float, se: float = 0.5, flops: float = 1e9):
+    return report.RunResult("id", strategy, mean, se, flops)
+
+
+def test_summary_is_mean_and_se_across_seeds_and_names_the_winner():
+    groups = report.group_by_strategy(
+        [result("a", 4.0), result("a", 6.0), result("b", 2.0, se=0.25), result("c", None)]
+    )
+    rows = report.summarize(groups)
+    assert [r.strategy for r in rows] == ["a", "b"]
+    assert rows[0].mean == 5.0 and rows[0].se == pytest.approx(1.0) and rows[0].runs == 2
+    assert rows[1].se == 0.25, "one run keeps its own SE over episodes"
+    table = report.markdown_table(rows)
+    assert "| a | 5.00 ± 1.00 | 2 | 1e+09 | best |" in table
+    assert "| b | 2.00 ± 0.25 | 1 | 1e+09 | -3.00 |" in table
+    assert "**a**" in report.verdict(rows) and "+3.00 (+150%)" in report.verdict(rows)
+
+
+def log_training_run(client, experiment_id, name, rewards, parent=None):
+    tags = {"mlflow.parentRunId": parent} if parent else {}
+    run = client.create_run(experiment_id, run_name=name, tags=tags)
+    for step, reward in enumerate(rewards):
+        for key, value in (
+            ("reward/mean", reward),
+            ("reward/se", 0.1),
+            ("flops/total", 1e6 * (step + 1)),
+            ("participation/miner", 0.5),
+        ):
+            client.log_metric(run.info.run_id, key, value, step=step)
+    client.log_metric(run.info.run_id, "eval_after/reward/mean", rewards[-1])
+    client.log_metric(run.info.run_id, "eval_after/reward/se", 0.2)
+    return run.info.run_id
+
+
+def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("grid")
+    parent = client.create_run(experiment_id, run_name="sweep", tags={"bidswarm.sweep_dir": "x"})
+    parent_id = parent.info.run_id
+    source = log_training_run(client, experiment_id, "seed=0", [1.0, 3.0], parent_id)
+    log_training_run(client, experiment_id, "seed=1", [1.0, 5.0], parent_id)
+    log_training_run(client, experiment_id, "ablation=monolithic,seed=0", [1.0, 1.5], parent_id)
+    log_training_run(client, experiment_id, "unrelated", [9.0])  # not in the sweep
+    evaluation = client.create_run(
+        experiment_id,
+        run_name="eval coordination=round_robin",
+        tags={"bidswarm.kind": "evaluate", "bidswarm.source_run": source},
+    )
+    client.log_metric(evaluation.info.run_id, "eval/reward/mean", 2.0)
+    client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
+
+    text = report.write_report(client, parent_id, None, tmp_path / "sweep")
+    assert "| mpt (defaults) | 4.00 ± 1.00 | 2 | 2e+06 | best |" in text
+    assert "| ablation=monolithic | 1.50 ± 0.20 | 1 | 2e+06 | -2.50 |" in text
+    assert "unrelated" not in text and "round_robin" not in text
+    for name in ("report.md", "reward_vs_flops.png", "participation.png"):
+        assert (tmp_path / "sweep" / name).stat().st_size > 0
+
+    text = report.write_report(client, None, "grid", tmp_path / "all")
+    assert "| coordination=round_robin | 2.00 ± 0.30 | 1 | 2e+06 |" in text, "FLOPs of its source"
+    assert "unrelated" in text and "sweep" not in text.split("\n", 2)[2]
+
+
+@pytest.mark.slow
+def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
+    """Two smoke jobs (in parallel when the joblib launcher is installed) -> one parent run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
+    launcher = []
+    if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None:
+        launcher = ["hydra/launcher=local"]
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.train",
+        "-m",
+        "debug=smoke",
+        "seed=0,1",
+        "task.max_decisions=8",
+        "task.n_heldout_seeds=2",
+        "sft.demo_episodes=2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        *launcher,
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("bidswarm").experiment_id])
+    parents = [r for r in runs if "bidswarm.sweep_dir" in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1, f"expected one sweep parent run, got {len(parents)}"
+    assert len(children) == 2
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+
+    out = tmp_path / "report"
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "scripts/report.py",
+            "--parent",
+            parents[0].info.run_id,
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert (
+        "| debug=smoke,sft.demo_episodes=2,task.max_decisions=8,task.n_heldout_seeds=2 |"
+        in (shown.stdout)
+        and "| 2 |" in shown.stdout
+    )
+    assert (out / "reward_vs_flops.png").exists() and (out / "participation.png").exists()
