@@ -189,6 +189,8 @@ class Run:
             **self.trainer_kwargs(),
         )
         trainer.fit(module, ckpt_path=str(last) if last.exists() else None)
+        self.state["rl_world_size"] = trainer.world_size
+        self.save_state()
         self.history = module.history
         return module.finished
 

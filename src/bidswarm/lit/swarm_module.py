@@ -70,6 +70,10 @@ class SwarmModule(L.LightningModule):
         ]
         return torch.optim.AdamW(groups, lr=self.rl.lr, weight_decay=self.rl.weight_decay)
 
+    def on_train_start(self) -> None:
+        # SFT leaves the agents in eval mode; the models have no dropout, so rollouts are the same.
+        self.population.train()
+
     def train_dataloader(self) -> DataLoader:
         return DataLoader([0], batch_size=None)
 
@@ -149,42 +153,10 @@ class SwarmModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
 
     def _action_update(self, episodes: list[Episode], rng: random.Random) -> dict[str, float]:
-        """Credit rule over each episode's acting steps, then REINFORCE per agent (Eq. 2)."""
-        with self._timed("credit"):
-            samples: dict[int, list] = defaultdict(list)
-            discarded = 0.0
-            for episode in episodes:
-                acting = episode.acting_steps
-                credits, lost = self.credit_rule(
-                    [s.reward for s in acting],
-                    [s.winning_bid for s in acting],
-                    rng,
-                    self.loop.swarm.bid_levels,
-                )
-                discarded += lost
-                for step, credit in zip(acting, credits, strict=True):
-                    samples[step.actor].append((step.action, credit))
-        metrics = {"credit/discarded": discarded / max(len(episodes), 1)}
+        """Credit, REINFORCE losses per agent, one optimizer step (Eq. 2)."""
         with self._timed("update_action"):
-            losses = []
-            for agent, items in sorted(samples.items()):
-                policy = self.population.agents[agent]
-                replies = [reply for reply, _ in items]
-                logp, mask = policy.reply_token_logprobs(
-                    [r.prompt_ids for r in replies],
-                    [r.reply_ids for r in replies],
-                    temperature=self.loop.swarm.temperature,
-                )
-                credits = torch.tensor([c for _, c in items], dtype=logp.dtype, device=logp.device)
-                terms = reinforce_loss(logp, mask, credits, self.rl.loss_normalization)
-                losses.append(terms["loss_action"])
-                metrics[f"loss_action/agent{agent}"] = float(terms["loss_action"].detach())
-                self.loop.swarm.count_trained(
-                    agent, sum(len(r.prompt_ids) + len(r.reply_ids) for r in replies)
-                )
+            losses, metrics = self.action_losses(episodes, rng)
             self._backward_and_step(losses)
-        if losses:
-            metrics["loss_action"] = float(sum(loss.detach() for loss in losses))
         return metrics
 
     def _bid_update(
@@ -195,30 +167,73 @@ class SwarmModule(L.LightningModule):
             pairs, stats = self.loop.fork(
                 episodes, self.rl.fork_budget, self.rl.max_bid_resamples, rng, generator
             )
-        metrics = stats.as_metrics()
         with self._timed("update_bid"):
-            by_agent: dict[int, list[PreferencePair]] = defaultdict(list)
-            for pair in pairs:
-                by_agent[pair.agent].append(pair)
-            losses = []
-            for agent, agent_pairs in sorted(by_agent.items()):
-                policy = self.population.agents[agent]
-                prompts = [p.prompt_ids for p in agent_pairs] * 2
-                replies = [p.preferred_ids for p in agent_pairs] + [
-                    p.rejected_ids for p in agent_pairs
-                ]
-                logp, mask = policy.reply_token_logprobs(
-                    prompts, replies, temperature=self.loop.swarm.temperature
-                )
-                summed = (logp * mask).sum(dim=1)
-                n = len(agent_pairs)
-                terms = bradley_terry_loss(summed[:n], summed[n:], self.rl.bt_beta)
-                losses.append(terms["loss_bid"])
-                metrics[f"loss_bid/agent{agent}"] = float(terms["loss_bid"].detach())
-                self.loop.swarm.count_trained(
-                    agent, sum(len(p) + len(r) for p, r in zip(prompts, replies, strict=True))
-                )
+            losses, metrics = self.bid_losses(pairs)
             self._backward_and_step(losses)
+        return metrics | stats.as_metrics()
+
+    def action_losses(
+        self, episodes: list[Episode], rng: random.Random
+    ) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """The credit rule over each episode's acting steps, then one REINFORCE loss per agent
+        that acted (Eq. 2 of MPT); agents that did not act get no loss and so no gradient."""
+        samples: dict[int, list] = defaultdict(list)
+        discarded = 0.0
+        for episode in episodes:
+            acting = episode.acting_steps
+            credits, lost = self.credit_rule(
+                [s.reward for s in acting],
+                [s.winning_bid for s in acting],
+                rng,
+                self.loop.swarm.bid_levels,
+            )
+            discarded += lost
+            for step, credit in zip(acting, credits, strict=True):
+                samples[step.actor].append((step.action, credit))
+        metrics = {"credit/discarded": discarded / max(len(episodes), 1)}
+        losses = []
+        for agent, items in sorted(samples.items()):
+            replies = [reply for reply, _ in items]
+            logp, mask = self._reply_logprobs(
+                agent, [r.prompt_ids for r in replies], [r.reply_ids for r in replies]
+            )
+            credits = torch.tensor([c for _, c in items], dtype=logp.dtype, device=logp.device)
+            terms = reinforce_loss(logp, mask, credits, self.rl.loss_normalization)
+            losses.append(terms["loss_action"])
+            metrics[f"loss_action/agent{agent}"] = float(terms["loss_action"].detach())
+        if losses:
+            metrics["loss_action"] = float(sum(loss.detach() for loss in losses))
+        return losses, metrics
+
+    def bid_losses(
+        self, pairs: list[PreferencePair]
+    ) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """One Bradley-Terry loss per agent over its preference pairs' bid tokens (Eq. 3)."""
+        by_agent: dict[int, list[PreferencePair]] = defaultdict(list)
+        for pair in pairs:
+            by_agent[pair.agent].append(pair)
+        losses, metrics = [], {}
+        for agent, agent_pairs in sorted(by_agent.items()):
+            prompts = [p.prompt_ids for p in agent_pairs] * 2
+            replies = [p.preferred_ids for p in agent_pairs] + [p.rejected_ids for p in agent_pairs]
+            logp, mask = self._reply_logprobs(agent, prompts, replies)
+            summed = (logp * mask).sum(dim=1)
+            n = len(agent_pairs)
+            terms = bradley_terry_loss(summed[:n], summed[n:], self.rl.bt_beta)
+            losses.append(terms["loss_bid"])
+            metrics[f"loss_bid/agent{agent}"] = float(terms["loss_bid"].detach())
         if losses:
             metrics["loss_bid"] = float(sum(loss.detach() for loss in losses))
-        return metrics
+        return losses, metrics
+
+    def _reply_logprobs(
+        self, agent: int, prompt_ids: list[list[int]], reply_ids: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs (with gradient) of ``agent``'s replies; counts trained tokens."""
+        policy = self.population.agents[agent]
+        self.loop.swarm.count_trained(
+            agent, sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
+        )
+        return policy.reply_token_logprobs(
+            prompt_ids, reply_ids, temperature=self.loop.swarm.temperature
+        )
