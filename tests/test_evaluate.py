@@ -31,7 +31,9 @@ def finished_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("run")
     register_configs()
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=["debug=smoke", "task.max_decisions=6"])
+        cfg = compose(
+            "train", overrides=["debug=smoke", "task.max_decisions=6", "model.tiny.hidden_size=32"]
+        )
     sections = {key: OmegaConf.to_container(cfg[key]) for key in ("task", "model", "coordination")}
     (run_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(sections))
     (run_dir / "state.json").write_text(json.dumps({"mlflow_run_id": "trainingrun0"}))

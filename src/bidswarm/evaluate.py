@@ -26,7 +26,6 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from bidswarm import tracking
 from bidswarm.agents.population import Population
-from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.config import (
     CoordinationConfig,
     LoggerConfig,
@@ -34,12 +33,12 @@ from bidswarm.config import (
     register_configs,
     unknown_keys,
 )
-from bidswarm.coordination import RULES, make_coordination
-from bidswarm.envs import TASKS, env_class, make_env
+from bidswarm.coordination import RULES
+from bidswarm.envs import TASKS, env_class
 from bidswarm.envs.base import MONOLITHIC
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
-from bidswarm.rollout.swarm import Swarm
+from bidswarm.run import build_rollout_loop
 
 CHECKPOINTS = ("final", "sft")
 """Populations every finished training run folder holds (after RL, after the cold start)."""
@@ -151,32 +150,18 @@ def build_loop(cfg: DictConfig) -> RolloutLoop:
                 f"bids_from={cfg.bids_from!r} has roles {bids.roles}, actions_from="
                 f"{cfg.actions_from!r} has {actions.roles}: they must be the same population"
             )
-    rule = make_coordination(cfg.coordination.name)
     monolithic = actions.roles == [MONOLITHIC]
     if cfg.coordination.name == "monolithic" and not monolithic:
         raise ValueError(
             f"coordination=monolithic needs the single monolithic agent; run {run_dir} has "
             f"roles {actions.roles}"
         )
-    if monolithic and rule.asks_bids:
+    if monolithic and RULES[cfg.coordination.name].asks_bids:
         raise ValueError(
             f"run {run_dir} trained one monolithic agent, which has no bid policy: "
             f"coordination={cfg.coordination.name} needs bids"
         )
-    task_config = OmegaConf.to_object(cfg.task)
-    env = make_env(task_config)
-    prompts = PromptTemplate.for_env(
-        env, cfg.model.prompt_style, actions.agents[0].tokenizer, list(cfg.coordination.bid_levels)
-    )
-    swarm = Swarm(
-        actions,
-        prompts,
-        cfg.model.max_bid_tokens,
-        cfg.model.max_action_tokens,
-        cfg.model.temperature,
-        bid_population=bids,
-    )
-    return RolloutLoop(lambda: make_env(task_config), swarm, rule)
+    return build_rollout_loop(cfg, actions, bid_population=bids)
 
 
 def source_run_id(run_dir: Path) -> str | None:
@@ -266,6 +251,8 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> float:
     cfg = resolve_from_run(cfg)
     validate_evaluation(cfg)
+    if cfg.model.torch_threads:
+        torch.set_num_threads(cfg.model.torch_threads)
     return run_evaluation(cfg)["reward/mean"]
 
 

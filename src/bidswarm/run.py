@@ -49,6 +49,32 @@ def population_roles(cfg: DictConfig, env: TextEnv) -> list[str | None]:
     return [None] if cfg.coordination.name == "monolithic" else list(env.roles)
 
 
+def build_rollout_loop(
+    cfg: DictConfig, population: Population, bid_population: Population | None = None
+) -> RolloutLoop:
+    """Prompts, swarm and coordination rule of ``cfg`` around ``population`` (which acts) and
+    ``bid_population`` (which bids; default the same agents)."""
+    task_config = OmegaConf.to_object(cfg.task)
+    env = make_env(task_config)
+    prompts = PromptTemplate.for_env(
+        env,
+        cfg.model.prompt_style,
+        population.agents[0].tokenizer,
+        list(cfg.coordination.bid_levels),
+    )
+    swarm = Swarm(
+        population,
+        prompts,
+        cfg.model.max_bid_tokens,
+        cfg.model.max_action_tokens,
+        cfg.model.temperature,
+        bid_population=bid_population,
+    )
+    return RolloutLoop(
+        lambda: make_env(task_config), swarm, make_coordination(cfg.coordination.name)
+    )
+
+
 def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
     if cfg.logger.name == "csv":
         return CSVLogger(save_dir=str(run_dir), name="csv")
@@ -98,21 +124,7 @@ class Run:
             population = Population.build(
                 cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus
             )
-        prompts = PromptTemplate.for_env(
-            env, cfg.model.prompt_style, population.agents[0].tokenizer, levels
-        )
-        swarm = Swarm(
-            population,
-            prompts,
-            cfg.model.max_bid_tokens,
-            cfg.model.max_action_tokens,
-            cfg.model.temperature,
-        )
-        loop = RolloutLoop(
-            lambda: make_env(OmegaConf.to_object(cfg.task)),
-            swarm,
-            make_coordination(cfg.coordination.name),
-        )
+        loop = build_rollout_loop(cfg, population)
         logger = make_logger(cfg, run_dir, state.get("mlflow_run_id"))
         run = cls(cfg, run_dir, env, population, loop, demos, logger, state)
         run.record_start()
@@ -251,7 +263,7 @@ class Run:
             se = self.state["eval_after"]["reward/se"]
             lines.append(f"[bidswarm] held-out reward after RL: {after:.2f} +- {se:.2f}")
         if isinstance(self.logger, MLFlowLogger):
-            uri = self.logger._tracking_uri
+            uri = tracking.tracking_uri(self.cfg.logger.tracking_uri)
             lines.append(
                 f"[bidswarm] MLflow: mlflow ui --backend-store-uri {uri}  "
                 f"(run {self.logger.run_id})"
