@@ -5,7 +5,8 @@
     MLFLOW_TRACKING_URI=sqlite:////tmp/x.db python scripts/report.py --experiment bidswarm
 
 Runs are grouped into strategies by their name (the Hydra overrides) with ``seed=``,
-``experiment=`` and ``run_dir=`` left out, so the seeds of one strategy pool together. Training
+``run_dir=`` and the overrides every run shares left out, so the seeds of one strategy pool
+together. Training
 runs give their held-out result after RL (``eval_after/...``) and their training curves;
 evaluation runs (``python -m bidswarm.evaluate``) give ``eval/...`` and borrow the training FLOPs
 of the run they evaluated. Writes ``report.md``, ``reward_vs_flops.png`` and
@@ -30,7 +31,6 @@ from bidswarm.rollout.metrics import mean_and_se
 
 POOLED_KEYS = (
     "seed",
-    "experiment",
     "run_dir",
     "max_seeds",
     "runs_per_seed",
@@ -123,9 +123,13 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
 
 
 def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs per strategy; overrides every run shares (``experiment=figure7``) are left out."""
+    parts = [set(r.strategy.split(",")) - {DEFAULT_STRATEGY} for r in results]
+    common = set.intersection(*parts) if parts else set()
     groups: dict[str, list[RunResult]] = {}
     for result in results:
-        groups.setdefault(result.strategy, []).append(result)
+        kept = [p for p in result.strategy.split(",") if p not in common]
+        groups.setdefault(",".join(kept) or DEFAULT_STRATEGY, []).append(result)
     return dict(sorted(groups.items()))
 
 

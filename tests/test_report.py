@@ -23,9 +23,31 @@ def load_report():
 report = load_report()
 
 
+def test_overrides_every_run_shares_do_not_name_a_strategy():
+    runs = [
+        report.RunResult(str(i), report.strategy_of(name), 1.0, 0.1, 1e9)
+        for i, name in enumerate(
+            [
+                "experiment=table1,seed=0",
+                "experiment=table1_monolithic,seed=0",
+                "experiment=table1,seed=1",
+            ]
+        )
+    ]
+    assert sorted(report.group_by_strategy(runs)) == [
+        "experiment=table1",
+        "experiment=table1_monolithic",
+    ]
+    same = [
+        report.RunResult("a", "experiment=figure7,ablation=none", 1.0, 0.1, 1e9),
+        report.RunResult("b", "experiment=figure7,ablation=random_credit", 1.0, 0.1, 1e9),
+    ]
+    assert sorted(report.group_by_strategy(same)) == ["ablation=none", "ablation=random_credit"]
+
+
 def test_strategy_pools_seeds_and_evaluation_sizes():
     assert report.strategy_of("ablation=monolithic,seed=2") == "ablation=monolithic"
-    assert report.strategy_of("experiment=table1,seed=0") == report.DEFAULT_STRATEGY
+    assert report.strategy_of("experiment=table1,seed=0") == "experiment=table1"
     assert report.strategy_of("eval coordination=agentnet,max_seeds=8") == "coordination=agentnet"
     assert report.strategy_of("default") == report.DEFAULT_STRATEGY
 
