@@ -160,15 +160,16 @@ def bench_model(name: str, n_envs: int, rounds: int, naive_envs: int) -> dict[st
     return result
 
 
-def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 FLOP/s of a square matmul on this machine, as torch runs it now."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
+def matmul_peak_flops(sizes: tuple[int, ...] = (512, 1024, 2048, 3072), repeats: int = 8) -> float:
+    """Best fp32 FLOP/s of square matmuls of several sizes on this machine, as torch runs now."""
     best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
+    for size in sizes:
+        a, b = torch.randn(size, size), torch.randn(size, size)
         torch.mm(a, b)
-        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best
 
 
