@@ -16,18 +16,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.base import StepResult
 from bidswarm.envs.navigation.actions import (
-    MOVE_CENTIMETRES,
     MOVE_STEP_CENTIMETRES,
     ROLES,
-    TURN_DEGREES,
     NavAction,
     parse_action,
     rejection_message,
     role_may_act,
     steer,
 )
+from bidswarm.envs.navigation.common import NavigationRules
 from bidswarm.envs.navigation.config import NavigationConfig
 from bidswarm.envs.navigation.metrics import PathMetrics, Point
 from bidswarm.envs.navigation.scene import (
@@ -56,11 +55,10 @@ def _metres(distance: float) -> str:
     return f"{round(distance * 2) / 2:g} m"
 
 
-class NavigationEnv(TextEnv):
+class NavigationEnv(NavigationRules):
     """Follow an R2R-style route instruction in a procedural house (see the module docstring)."""
 
     Config = NavigationConfig
-    roles = ROLES
 
     def __init__(self, config: NavigationConfig):
         super().__init__(config)
@@ -95,34 +93,6 @@ class NavigationEnv(TextEnv):
         return build_episode(seed, self.config.episodes_per_scene, self._params)
 
     # -- text ----------------------------------------------------------------------------------
-    @property
-    def task_description(self) -> str:
-        return (
-            "Three agents share one robot in a house: the turner turns, the mover moves forward, "
-            "the stopper stops. Follow the route instruction together and stop within "
-            f"{self.config.success_distance:g} m of the goal, in at most "
-            f"{self.config.max_decisions} decisions."
-        )
-
-    def role_description(self, role: str | None) -> str:
-        turns = "/".join(str(n) for n in TURN_DEGREES)
-        moves = "/".join(str(n) for n in MOVE_CENTIMETRES)
-        texts = {
-            "turner": f'You are the turner: reply "turn left N degree" or "turn right N degree", '
-            f"N = {turns}.",
-            "mover": f'You are the mover: reply "move forward N cm", N = {moves}.',
-            "stopper": 'You are the stopper: reply "stop" when the goal is reached; it ends the '
-            "episode.",
-        }
-        if role is None:
-            return (
-                f'You control the robot: reply "turn left N degree" or "turn right N degree" '
-                f'(N = {turns}), "move forward N cm" (N = {moves}) or "stop" at the goal.'
-            )
-        if role not in texts:
-            raise ValueError(f"unknown navigation role {role!r}; roles are {ROLES}")
-        return texts[role]
-
     # -- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
         episode = self.episode_of(seed)
@@ -145,14 +115,6 @@ class NavigationEnv(TextEnv):
         if self._episode is None:
             raise RuntimeError("call reset(seed) before using the navigation environment")
         return self._episode
-
-    @property
-    def decisions_made(self) -> int:
-        return self._decisions
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
     @property
     def position(self) -> Point:
@@ -264,20 +226,6 @@ class NavigationEnv(TextEnv):
             return "blocked by a wall"
         return f"moved {moved} of {command.amount} cm, then a wall"
 
-    def skip(self) -> StepResult:
-        if self._done:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
-        self._decisions += 1
-        self._last = "no one acted"
-        self._done = self._decisions >= self.config.max_decisions
-        return StepResult(0.0, self._done, message=self._last)
-
-    def episode_metrics(self) -> dict[str, float]:
-        metrics = self._metrics.summary(self._distance_to_goal, self._stopped)
-        metrics["reward"] = self._total_reward
-        metrics["decisions"] = float(self._decisions)
-        return metrics
-
     # -- fork contract -------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """Pose, counters, reward, last message and metric state; the house comes from the seed.
@@ -323,17 +271,6 @@ class NavigationEnv(TextEnv):
             following = episode.field.next_node[node]
             target = episode.field.goal if following == -1 else node_point(episode.scene, following)
         return steer(self._position, self._heading, target, distance, EXPERT_STOP_DISTANCE)
-
-    def expert_action(self, role: str | None) -> str | None:
-        command = self.expert_command()
-        if command is None or not role_may_act(role, command):
-            return None
-        return command.text
-
-    def expert_bid(self, role: str) -> float:
-        """0.8 when the next command the path needs is ``role``'s, else 0 (pass)."""
-        command = self.expert_command()
-        return 0.8 if command is not None and command.role == role else 0.0
 
 
 __all__ = ["NavigationEnv"]

@@ -24,17 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.base import StepResult
 from bidswarm.envs.navigation.actions import (
-    MOVE_CENTIMETRES,
     ROLES,
-    TURN_DEGREES,
     NavAction,
     parse_action,
     rejection_message,
     role_may_act,
     steer,
 )
+from bidswarm.envs.navigation.common import NavigationRules
 from bidswarm.envs.navigation.config import NavigationConfig
 from bidswarm.envs.navigation.metrics import PathMetrics, Point
 
@@ -144,11 +143,11 @@ def _import_habitat():
     return habitat, habitat_sim
 
 
-class HabitatNavigationEnv(TextEnv):
+class HabitatNavigationEnv(NavigationRules):
     """Turner / Mover / Stopper on habitat-lab VLN-CE R2R episodes (see the module docstring)."""
 
     Config = HabitatNavigationConfig
-    roles = ROLES
+    setting = "a real house"
 
     def __init__(self, config: HabitatNavigationConfig):
         super().__init__(config)
@@ -189,30 +188,6 @@ class HabitatNavigationEnv(TextEnv):
         return list(range(min(self.config.n_heldout_seeds, len(self._episodes))))
 
     # -- text ----------------------------------------------------------------------------------
-    @property
-    def task_description(self) -> str:
-        return (
-            "Three agents share one robot in a real house: the turner turns, the mover moves "
-            "forward, the stopper stops. Follow the route instruction together and stop within "
-            f"{self.config.success_distance:g} m of the goal, in at most "
-            f"{self.config.max_decisions} decisions."
-        )
-
-    def role_description(self, role: str | None) -> str:
-        turns = "/".join(str(n) for n in TURN_DEGREES)
-        moves = "/".join(str(n) for n in MOVE_CENTIMETRES)
-        texts = {
-            "turner": f'You are the turner: reply "turn left N degree" or "turn right N degree", '
-            f"N = {turns}.",
-            "mover": f'You are the mover: reply "move forward N cm", N = {moves}.',
-            "stopper": 'You are the stopper: reply "stop" when the goal is reached.',
-            None: f'Reply "turn left/right N degree" (N = {turns}), "move forward N cm" '
-            f'(N = {moves}) or "stop" at the goal.',
-        }
-        if role not in texts:
-            raise ValueError(f"unknown navigation role {role!r}; roles are {ROLES}")
-        return texts[role]
-
     # -- habitat state -------------------------------------------------------------------------
     @property
     def _sim(self):
@@ -256,14 +231,6 @@ class HabitatNavigationEnv(TextEnv):
         self._last = "start"
         self._distance_to_goal = self._shortest
         self._views_cache = None
-
-    @property
-    def decisions_made(self) -> int:
-        return self._decisions
-
-    @property
-    def done(self) -> bool:
-        return self._done
 
     def observation(self, role: str | None) -> str:
         instruction = self._env.current_episode.instruction.instruction_text.strip()
@@ -348,20 +315,6 @@ class HabitatNavigationEnv(TextEnv):
         )
         return StepResult(reward, self._done, valid=True, message=self._last)
 
-    def skip(self) -> StepResult:
-        if self._done:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
-        self._decisions += 1
-        self._last = "no one acted"
-        self._done = self._decisions >= self.config.max_decisions
-        return StepResult(0.0, self._done, message=self._last)
-
-    def episode_metrics(self) -> dict[str, float]:
-        metrics = self._metrics.summary(self._distance_to_goal, self._stopped)
-        metrics["reward"] = self._total_reward
-        metrics["decisions"] = float(self._decisions)
-        return metrics
-
     # -- fork contract -------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         position, rotation = self._pose()
@@ -414,16 +367,6 @@ class HabitatNavigationEnv(TextEnv):
         return steer(
             position, self._heading(), target, self._distance_to_goal, EXPERT_STOP_DISTANCE
         )
-
-    def expert_action(self, role: str | None) -> str | None:
-        command = self.expert_command()
-        if command is None or not role_may_act(role, command):
-            return None
-        return command.text
-
-    def expert_bid(self, role: str) -> float:
-        command = self.expert_command()
-        return 0.8 if command is not None and command.role == role else 0.0
 
     def close(self) -> None:
         """Release the simulator."""

@@ -1,0 +1,89 @@
+"""What the embedded and the Habitat navigation tasks share: roles, texts, bookkeeping, experts.
+
+A subclass owns the world (pose, views, shortest path) and keeps the episode state in the
+attributes this base reads: ``_decisions``, ``_done``, ``_last`` (last result text),
+``_metrics`` (PathMetrics), ``_distance_to_goal``, ``_stopped`` and ``_total_reward``.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.navigation.actions import (
+    MOVE_CENTIMETRES,
+    ROLES,
+    TURN_DEGREES,
+    NavAction,
+    role_may_act,
+)
+
+
+class NavigationRules(TextEnv):
+    """Turner / Mover / Stopper sharing one body; the world is the subclass's."""
+
+    roles = ROLES
+    setting = "a house"
+    """Where the robot is, in the task description."""
+
+    @property
+    def task_description(self) -> str:
+        return (
+            f"Three agents share one robot in {self.setting}: the turner turns, the mover moves "
+            "forward, the stopper stops. Follow the route instruction together and stop within "
+            f"{self.config.success_distance:g} m of the goal, in at most "
+            f"{self.config.max_decisions} decisions."
+        )
+
+    def role_description(self, role: str | None) -> str:
+        turns = "/".join(str(n) for n in TURN_DEGREES)
+        moves = "/".join(str(n) for n in MOVE_CENTIMETRES)
+        texts = {
+            "turner": f'You are the turner: reply "turn left N degree" or "turn right N degree", '
+            f"N = {turns}.",
+            "mover": f'You are the mover: reply "move forward N cm", N = {moves}.',
+            "stopper": 'You are the stopper: reply "stop" when the goal is reached; it ends the '
+            "episode.",
+            None: f'You control the robot: reply "turn left N degree" or "turn right N degree" '
+            f'(N = {turns}), "move forward N cm" (N = {moves}) or "stop" at the goal.',
+        }
+        if role not in texts:
+            raise ValueError(f"unknown navigation role {role!r}; roles are {ROLES}")
+        return texts[role]
+
+    @property
+    def decisions_made(self) -> int:
+        return self._decisions
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def skip(self) -> StepResult:
+        if self._done:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        self._decisions += 1
+        self._last = "no one acted"
+        self._done = self._decisions >= self.config.max_decisions
+        return StepResult(0.0, self._done, message=self._last)
+
+    def episode_metrics(self) -> dict[str, float]:
+        metrics = self._metrics.summary(self._distance_to_goal, self._stopped)
+        metrics["reward"] = self._total_reward
+        metrics["decisions"] = float(self._decisions)
+        return metrics
+
+    @abc.abstractmethod
+    def expert_command(self) -> NavAction | None:
+        """The next command along the shortest path (None once the episode is over)."""
+
+    def expert_action(self, role: str | None) -> str | None:
+        command = self.expert_command()
+        if command is None or not role_may_act(role, command):
+            return None
+        return command.text
+
+    def expert_bid(self, role: str) -> float:
+        """0.8 when the next command the path needs is ``role``'s, else 0 (pass)."""
+        command = self.expert_command()
+        return 0.8 if command is not None and command.role == role else 0.0
