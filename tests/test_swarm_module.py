@@ -45,9 +45,8 @@ def reply(module: SwarmModule, agent: int, text: str) -> Reply:
 
 
 def acting(decision: int, agent: int, reward: float, module: SwarmModule) -> StepRecord:
-    return StepRecord(
-        decision, agent, winning_bid=0.4, action=reply(module, agent, "chop a tree"), reward=reward
-    )
+    action = reply(module, agent, "chop a tree")
+    return StepRecord(actor=agent, winning_bid=0.4, action=action, decision=decision, reward=reward)
 
 
 def grads(module: SwarmModule) -> list[torch.Tensor | None]:

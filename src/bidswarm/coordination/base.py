@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import abc
 import random
-from dataclasses import dataclass, field
 
 import torch
 
 from bidswarm.envs.base import TextEnv
-from bidswarm.rollout.records import Reply
+from bidswarm.rollout.records import Decision
 from bidswarm.rollout.swarm import Swarm
-
-
-@dataclass
-class Decision:
-    """The rule's choice for one environment; ``actor`` None skips the step."""
-
-    actor: int | None
-    winning_bid: float = 0.0
-    runner_up: int | None = None
-    runner_up_bid: float = 0.0
-    bids: list[float] = field(default_factory=list)
-    bid_replies: list[Reply] = field(default_factory=list)
-    action: Reply | None = None
-    """Set when the rule already produced the action (e.g. by scoring proposals)."""
 
 
 class CoordinationRule(abc.ABC):

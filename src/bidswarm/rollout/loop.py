@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from bidswarm.algorithms.losses import fork_preference
-from bidswarm.coordination.base import CoordinationRule, Decision
+from bidswarm.coordination.base import CoordinationRule
 from bidswarm.envs.base import TextEnv
-from bidswarm.rollout.records import Episode, PreferencePair, StepRecord
+from bidswarm.rollout.records import Decision, Episode, PreferencePair, StepRecord
 from bidswarm.rollout.swarm import Swarm
 
 
@@ -113,16 +113,7 @@ class RolloutLoop:
                 decisions[pos].action = reply
 
     def _step(self, env: TextEnv, decision: Decision, keep_snapshots: bool) -> StepRecord:
-        record = StepRecord(
-            decision=env.decisions_made,
-            actor=decision.actor,
-            winning_bid=decision.winning_bid,
-            runner_up=decision.runner_up,
-            runner_up_bid=decision.runner_up_bid,
-            bids=decision.bids,
-            bid_replies=decision.bid_replies,
-            action=decision.action,
-        )
+        record = StepRecord.of(decision, env.decisions_made)
         if keep_snapshots and record.contested:
             record.snapshot = env.snapshot()
         if decision.actor is None:

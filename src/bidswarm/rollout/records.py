@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -17,18 +17,14 @@ class Reply:
 
 
 @dataclass
-class StepRecord:
-    """One decision step of one episode.
+class Decision:
+    """A coordination rule's choice for one environment; ``actor`` None skips the step.
 
-    bids:     parsed bid per agent (empty when the coordination rule asks for none).
-    bid_replies: the bid replies, one per agent (empty likewise).
-    actor:    index of the acting agent; None when every bid was 0 (skipped step).
+    bids / bid_replies: parsed bid and bid reply per agent (empty when the rule asks none).
     runner_up / runner_up_bid: the best other bidder (forks let it act instead).
-    snapshot: environment state before the action, kept only for contested steps when forks
-              are wanted.
+    action: set when the rule already produced the action (e.g. by scoring proposals).
     """
 
-    decision: int
     actor: int | None
     winning_bid: float = 0.0
     runner_up: int | None = None
@@ -36,9 +32,25 @@ class StepRecord:
     bids: list[float] = field(default_factory=list)
     bid_replies: list[Reply] = field(default_factory=list)
     action: Reply | None = None
+
+
+@dataclass
+class StepRecord(Decision):
+    """One decision step of one episode: the decision, and what the environment made of it.
+
+    snapshot: environment state before the action, kept only for contested steps when forks
+              are wanted.
+    """
+
+    decision: int = 0
     reward: float = 0.0
     valid_action: bool = True
     snapshot: Any = None
+
+    @classmethod
+    def of(cls, decision: Decision, index: int) -> StepRecord:
+        """The record of ``decision`` made at decision step ``index``."""
+        return cls(**{f.name: getattr(decision, f.name) for f in fields(Decision)}, decision=index)
 
     @property
     def contested(self) -> bool:
