@@ -6,7 +6,7 @@ KV cache), and counts the tokens it processed so training FLOPs can be reported 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,10 +29,9 @@ class Usage:
     bids_made: int = 0
     invalid_actions: int = 0
     actions_made: int = 0
-    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in vars(self).items() if not isinstance(v, dict)}
+        return {k: float(v) for k, v in vars(self).items()}
 
     def load(self, values: dict[str, float]) -> None:
         for key, value in values.items():
@@ -86,9 +85,7 @@ class Swarm:
                 temperature=self.temperature,
                 generator=generator,
             )
-        tokens = sum(len(g.prompt_ids) + len(g.reply_ids) for g in generations)
-        self.usage.rollout_tokens += tokens
-        self.usage.rollout_flops += 2.0 * self.params_per_agent[agent] * tokens
+        self._count_rollout(agent, sum(len(g.prompt_ids) + len(g.reply_ids) for g in generations))
         return [Reply(agent, g.prompt_ids, g.reply_ids, g.text) for g in generations]
 
     def bid(
@@ -129,14 +126,20 @@ class Swarm:
         reply_ids = [reply.reply_ids for reply in replies]
         with torch.no_grad():
             logprobs, mask = policy.reply_token_logprobs(prompt_ids, reply_ids, self.temperature)
-        tokens = sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
-        self.usage.rollout_tokens += tokens
-        self.usage.rollout_flops += 2.0 * self.params_per_agent[agent] * tokens
+        self._count_rollout(
+            agent, sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
+        )
         lengths = mask.sum(dim=1)
         means = (logprobs * mask).sum(dim=1) / lengths.clamp(min=1)
         pairs = zip(means.tolist(), lengths.tolist(), strict=True)
         return [mean if n > 0 else float("-inf") for mean, n in pairs]
 
+    def _count_rollout(self, agent: int, tokens: int) -> None:
+        """Generated or scored tokens: 2 * params FLOPs each (PAPER.md section 5, [ours])."""
+        self.usage.rollout_tokens += tokens
+        self.usage.rollout_flops += 2.0 * self.params_per_agent[agent] * tokens
+
     def count_trained(self, agent: int, tokens: int) -> None:
+        """Trained tokens: 6 * params FLOPs each (forward + backward)."""
         self.usage.train_tokens += tokens
         self.usage.train_flops += 6.0 * self.params_per_agent[agent] * tokens
