@@ -133,6 +133,10 @@ class RLConfig:
     fork_budget: int = 2
     """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
     max_bid_resamples: int = 3
+    bid_resample_temperature: float | None = None
+    """[ours] sampling temperature of the winner's bid resamples in a fork (None: the model's).
+    After SFT the bid policies are peaked, so at the model's temperature few resamples fall
+    below the runner-up and most forks are dropped (see ``forks/dropped``)."""
     bt_beta: float = 1.0
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
     checkpoint_every: int = 1
@@ -240,6 +244,9 @@ def validate(cfg: Any) -> None:
             problems.append(f"{key}={cfg[section][name]}: must be >= 1")
     if cfg.rl.fork_budget < 0:
         problems.append(f"rl.fork_budget={cfg.rl.fork_budget}: must be >= 0")
+    resample_temperature = cfg.rl.bid_resample_temperature
+    if resample_temperature is not None and resample_temperature <= 0:
+        problems.append(f"rl.bid_resample_temperature={resample_temperature}: must be > 0")
     if cfg.model.temperature <= 0:
         problems.append(f"model.temperature={cfg.model.temperature}: must be > 0")
     if problems:

@@ -165,7 +165,12 @@ class SwarmModule(L.LightningModule):
         """Counterfactual forks -> preference pairs -> Bradley-Terry per agent (Eq. 3)."""
         with self._timed("fork"):
             pairs, stats = self.loop.fork(
-                episodes, self.rl.fork_budget, self.rl.max_bid_resamples, rng, generator
+                episodes,
+                self.rl.fork_budget,
+                self.rl.max_bid_resamples,
+                rng,
+                generator,
+                self.rl.bid_resample_temperature,
             )
         with self._timed("update_bid"):
             losses, metrics = self.bid_losses(pairs)

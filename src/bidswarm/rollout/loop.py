@@ -133,6 +133,7 @@ class RolloutLoop:
         max_resamples: int,
         rng: random.Random,
         generator: torch.Generator,
+        resample_temperature: float | None = None,
     ) -> tuple[list[PreferencePair], ForkStats]:
         """Counterfactual forks of contested steps (PAPER.md section 4) -> preference pairs.
 
@@ -154,7 +155,7 @@ class RolloutLoop:
         for env, (_, step) in zip(envs, chosen, strict=True):
             env.restore(step.snapshot)
         resampled = self._resample_bids(
-            envs, [step for _, step in chosen], max_resamples, generator
+            envs, [step for _, step in chosen], max_resamples, generator, resample_temperature
         )
         kept = [k for k, reply in enumerate(resampled) if reply is not None]
         stats.dropped = len(chosen) - len(kept)
@@ -188,6 +189,7 @@ class RolloutLoop:
         steps: list[StepRecord],
         tries: int,
         generator: torch.Generator,
+        temperature: float | None,
     ):
         """Per fork, the first of ``tries`` resampled winner bids below the runner-up's, or None."""
         found = [None] * len(steps)
@@ -195,7 +197,9 @@ class RolloutLoop:
         for k, step in enumerate(steps):
             by_winner.setdefault(step.actor, []).append(k)
         for agent, ks in sorted(by_winner.items()):
-            samples = self.swarm.bid(agent, [envs[k] for k in ks], generator, copies=tries)
+            samples = self.swarm.bid(
+                agent, [envs[k] for k in ks], generator, copies=tries, temperature=temperature
+            )
             for j, k in enumerate(ks):
                 for level, reply in samples[j * tries : (j + 1) * tries]:
                     if level < steps[k].runner_up_bid:

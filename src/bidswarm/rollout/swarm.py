@@ -77,26 +77,35 @@ class Swarm:
         prompts: list[str],
         max_new_tokens: int,
         generator: torch.Generator,
+        temperature: float | None = None,
     ) -> list[Reply]:
         with torch.no_grad():
             generations = policy.generate(
                 prompts,
                 max_new_tokens=max_new_tokens,
-                temperature=self.temperature,
+                temperature=temperature or self.temperature,
                 generator=generator,
             )
         self._count_rollout(agent, sum(len(g.prompt_ids) + len(g.reply_ids) for g in generations))
         return [Reply(agent, g.prompt_ids, g.reply_ids, g.text) for g in generations]
 
     def bid(
-        self, agent: int, envs: list[TextEnv], generator: torch.Generator, copies: int = 1
+        self,
+        agent: int,
+        envs: list[TextEnv],
+        generator: torch.Generator,
+        copies: int = 1,
+        temperature: float | None = None,
     ) -> list[tuple[float, Reply]]:
-        """``agent``'s bid in each env (each prompt ``copies`` times, consecutive)."""
+        """``agent``'s bid in each env (each prompt ``copies`` times, consecutive), sampled at
+        ``temperature`` (None: the swarm's)."""
         role = self.role(agent)
         prompts = [self.prompts.bid(role, env.observation(role)) for env in envs]
         prompts = [prompt for prompt in prompts for _ in range(copies)]
         policy = self.bid_population.agents[agent]
-        replies = self._generate(policy, agent, prompts, self.max_bid_tokens, generator)
+        replies = self._generate(
+            policy, agent, prompts, self.max_bid_tokens, generator, temperature
+        )
         out = []
         for reply in replies:
             level, ok = parse_bid(reply.text, self.bid_levels)
