@@ -123,9 +123,11 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
 
 
 def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
-    """Runs per strategy; overrides every run shares (``experiment=figure7``) are left out."""
+    """Runs per strategy; when strategies differ, the overrides they all share
+    (``experiment=figure7``) are left out of their names."""
     parts = [set(r.strategy.split(",")) - {DEFAULT_STRATEGY} for r in results]
-    common = set.intersection(*parts) if parts else set()
+    distinct = len({r.strategy for r in results}) > 1
+    common = set.intersection(*parts) if parts and distinct else set()
     groups: dict[str, list[RunResult]] = {}
     for result in results:
         kept = [p for p in result.strategy.split(",") if p not in common]
