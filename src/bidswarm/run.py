@@ -150,7 +150,7 @@ class Run:
                 self.demonstrations,
                 self.loop.swarm.prompts,
                 self.cfg.sft,
-                trainer_kwargs=self.trainer_kwargs(),
+                trainer_kwargs=self.trainer_kwargs() | {"enable_progress_bar": True},
                 logger=self.logger,
             )
             self.state["sft"] = result
