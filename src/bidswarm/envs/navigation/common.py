@@ -15,6 +15,8 @@ from bidswarm.envs.navigation.actions import (
     ROLES,
     TURN_DEGREES,
     NavAction,
+    parse_action,
+    rejection_message,
     role_may_act,
 )
 
@@ -58,6 +60,23 @@ class NavigationRules(TextEnv):
     @property
     def done(self) -> bool:
         return self._done
+
+    def _take_decision(
+        self, actor_role: str | None, action: str
+    ) -> tuple[NavAction | None, StepResult | None]:
+        """Count a decision and parse ``action``: (the command, None) when ``actor_role`` may
+        carry it out, else (None, the wasted turn's result)."""
+        if actor_role is not None and actor_role not in ROLES:
+            raise ValueError(f"unknown navigation role {actor_role!r}; roles are {ROLES}")
+        if self._done:
+            return None, StepResult(0.0, True, valid=False, message="the episode is over")
+        self._decisions += 1
+        command = parse_action(action)
+        if command is None or not role_may_act(actor_role, command):
+            self._last = rejection_message(actor_role or "agent", action, command)
+            self._done = self._decisions >= self.config.max_decisions
+            return None, StepResult(0.0, self._done, valid=False, message=self._last)
+        return command, None
 
     def skip(self) -> StepResult:
         if self._done:

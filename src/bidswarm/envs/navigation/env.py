@@ -19,11 +19,7 @@ from typing import Any
 from bidswarm.envs.base import StepResult
 from bidswarm.envs.navigation.actions import (
     MOVE_STEP_CENTIMETRES,
-    ROLES,
     NavAction,
-    parse_action,
-    rejection_message,
-    role_may_act,
     steer,
 )
 from bidswarm.envs.navigation.common import NavigationRules
@@ -168,16 +164,9 @@ class NavigationEnv(NavigationRules):
         return views
 
     def step(self, actor_role: str | None, action: str) -> StepResult:
-        if actor_role is not None and actor_role not in ROLES:
-            raise ValueError(f"unknown navigation role {actor_role!r}; roles are {ROLES}")
-        if self._done:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
-        self._decisions += 1
-        command = parse_action(action)
-        if command is None or not role_may_act(actor_role, command):
-            self._last = rejection_message(actor_role or "agent", action, command)
-            self._done = self._decisions >= self.config.max_decisions
-            return StepResult(0.0, self._done, valid=False, message=self._last)
+        command, wasted = self._take_decision(actor_role, action)
+        if wasted is not None:
+            return wasted
         before = self._distance_to_goal
         bonus = 0.0
         if command.kind == "stop":
