@@ -100,6 +100,23 @@ def _count_text(inventory: dict[str, int]) -> str:
     return ", ".join(f"{n} {techtree.display_name(item)}" for item, n in inventory.items() if n)
 
 
+def describe_task(config: CraftingConfig) -> str:
+    """The team's goal, shown to every agent (embedded and MineStudio worlds alike)."""
+    target = techtree.display_name(config.target)
+    return (
+        f"A team of three plays Minecraft and must obtain {target} from an empty inventory "
+        f"within {config.max_decisions} steps. Each step one member gives the player one "
+        "instruction. Rewards come the first time each item on the way is obtained."
+    )
+
+
+def describe_role(role: str | None) -> str:
+    """The exact instructions ``role`` may reply with (None: every role's)."""
+    ordered = [i for r, own in ROLE_INSTRUCTIONS.items() if role in (None, r) for i in own]
+    who = "You" if role is None else f"You are the {role}. You"
+    return f"{who} may reply with exactly one of: " + "; ".join(ordered) + "."
+
+
 class CraftingEnv(TextEnv):
     """The crafting task (PAPER.md section 6) on the embedded world of the module docstring."""
 
@@ -169,18 +186,10 @@ class CraftingEnv(TextEnv):
     # -- text ------------------------------------------------------------------------------
     @property
     def task_description(self) -> str:
-        target = techtree.display_name(self.config.target)
-        return (
-            f"A team of three plays Minecraft and must obtain {target} from an empty inventory "
-            f"within {self.config.max_decisions} steps. Each step one member gives the player one "
-            "instruction. Rewards come the first time each item on the way is obtained."
-        )
+        return describe_task(self.config)
 
     def role_description(self, role: str | None) -> str:
-        instructions = self._allowed[None] if role is None else ROLE_INSTRUCTIONS[role]
-        ordered = [i for r in self.roles for i in ROLE_INSTRUCTIONS[r] if i in instructions]
-        who = "You" if role is None else f"You are the {role}. You"
-        return f"{who} may reply with exactly one of: " + "; ".join(ordered) + "."
+        return describe_role(role)
 
     def _near(self) -> str:
         if self.depth == 0:

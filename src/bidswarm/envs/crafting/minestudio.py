@@ -20,7 +20,13 @@ from typing import Any
 from bidswarm.envs.base import StepResult, TextEnv
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
-from bidswarm.envs.crafting.env import ROLE_INSTRUCTIONS, normalize, parse_instruction
+from bidswarm.envs.crafting.env import (
+    ROLE_INSTRUCTIONS,
+    describe_role,
+    describe_task,
+    normalize,
+    parse_instruction,
+)
 
 STEVE_1_CHECKPOINT = "CraftJarvis/MineStudio_STEVE-1.official"
 """STEVE-1 weights on the Hugging Face hub, loaded through ``SteveOnePolicy.from_pretrained``."""
@@ -219,18 +225,10 @@ class MineStudioCraftingEnv(TextEnv):
     # -- TextEnv ---------------------------------------------------------------------------
     @property
     def task_description(self) -> str:
-        target = techtree.display_name(self.config.target)
-        return (
-            f"A team of three plays Minecraft and must obtain {target} from an empty inventory "
-            f"within {self.config.max_decisions} steps. Each step one member gives the player one "
-            "instruction. Rewards come the first time each item on the way is obtained."
-        )
+        return describe_task(self.config)
 
     def role_description(self, role: str | None) -> str:
-        instructions = self._allowed[role]
-        ordered = [i for r in self.roles for i in ROLE_INSTRUCTIONS[r] if i in instructions]
-        who = "You" if role is None else f"You are the {role}. You"
-        return f"{who} may reply with exactly one of: " + "; ".join(ordered) + "."
+        return describe_role(role)
 
     def reset(self, seed: int) -> None:
         self.seed = seed
