@@ -29,6 +29,7 @@ from bidswarm.config import ModelConfig
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import play_expert_episode
+from bidswarm.run import action_token_budget
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -55,10 +56,17 @@ def tokenizer_corpus(env: CraftingEnv, template: PromptTemplate, episodes: int) 
 class Bench:
     """A population, its prompts and ``n_envs`` crafting worlds, played in lock-step."""
 
-    def __init__(self, population: Population, template: PromptTemplate, cfg: ModelConfig):
+    def __init__(
+        self,
+        population: Population,
+        template: PromptTemplate,
+        cfg: ModelConfig,
+        max_action_tokens: int,
+    ):
         self.population = population
         self.template = template
         self.cfg = cfg
+        self.max_action_tokens = max_action_tokens
         self.generator = torch.Generator().manual_seed(0)
         self.next_seed = 0
 
@@ -86,7 +94,7 @@ class Bench:
     def _act(self, agent: AgentPolicy, envs: list[CraftingEnv]) -> None:
         prompts = [self.template.action(agent.role, env.observation(agent.role)) for env in envs]
         replies = agent.generate(
-            prompts, self.cfg.max_action_tokens, self.cfg.temperature, self.generator
+            prompts, self.max_action_tokens, self.cfg.temperature, self.generator
         )
         for env, reply in zip(envs, replies, strict=True):
             env.step(agent.role, reply.text)
@@ -142,7 +150,8 @@ def bench_model(name: str, n_envs: int, rounds: int, naive_envs: int) -> dict[st
     population.eval()
     template = PromptTemplate.for_env(env, cfg.prompt_style, population[0].tokenizer, LEVELS)
     progress(f"{name}: built {len(population)} agents in {time.perf_counter() - started:.1f}s")
-    bench = Bench(population, template, cfg)
+    budget = action_token_budget(cfg.max_action_tokens, env, template, population[0].tokenizer)
+    bench = Bench(population, template, cfg, budget)
     bench.batched_step(bench.fresh_envs(2))  # warm-up (allocator, kernels)
     batched, naive = compare_paths(bench, n_envs, naive_envs, rounds)
     progress(f"{name}: batched {batched:.2f} decisions/s ({n_envs} envs x {rounds} rounds)")

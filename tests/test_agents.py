@@ -11,6 +11,13 @@ from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
 from bidswarm.config import ModelConfig, TinyArchConfig
+from bidswarm.envs import env_class
+from bidswarm.run import (
+    BUDGET_EPISODES,
+    REPLY_TOKEN_MARGIN,
+    action_token_budget,
+    expert_demonstrations,
+)
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 ROLES = ["logger", "miner", "smith"]
@@ -306,3 +313,17 @@ def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, templ
         [g.prompt_ids for g in sampled], [g.reply_ids for g in sampled]
     )
     assert torch.isfinite(logprobs).all() and mask.sum() == sum(len(g.reply_ids) for g in sampled)
+
+
+@pytest.mark.parametrize("task", ["crafting", "navigation", "research"])
+def test_derived_action_budget_fits_every_expert_reply(task):
+    env_type = env_class(task)
+    env = env_type(env_type.Config())
+    template = PromptTemplate.for_env(env, "compact", None, LEVELS)
+    seeds = env.train_seeds()[:BUDGET_EPISODES]
+    demos = [demo for demo in expert_demonstrations(env, seeds, LEVELS) if demo.kind == "action"]
+    tokenizer = build_tokenizer(template.demonstration_texts(demos), 512)
+    budget = action_token_budget(None, env, template, tokenizer)
+    lengths = [len(tokenizer(template.reply_text(demo.reply))["input_ids"]) for demo in demos]
+    assert budget == max(lengths) + REPLY_TOKEN_MARGIN
+    assert action_token_budget(5, env, template, tokenizer) == 5  # an explicit cap is kept

@@ -47,7 +47,9 @@ class ModelConfig:
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
     temperature: float = 1.0
     max_bid_tokens: int = 4
-    max_action_tokens: int = 12
+    max_action_tokens: int | None = None
+    """Cap on an action reply's tokens; None: derived from the task, the longest expert reply
+    in this model's tokenizer plus a margin (so every expert action can be said)."""
     max_prompt_tokens: int = 768
     gradient_checkpointing: bool = False
     torch_threads: int | None = None

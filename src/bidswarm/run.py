@@ -44,6 +44,30 @@ def expert_demonstrations(env: TextEnv, seeds: list[int], bid_levels: list[float
     return demos
 
 
+REPLY_TOKEN_MARGIN = 4
+"""Tokens allowed beyond the longest expert reply when ``model.max_action_tokens`` is null."""
+BUDGET_EPISODES = 16
+"""Training worlds whose expert replies size the derived action-token budget."""
+
+
+def action_token_budget(
+    max_action_tokens: int | None, env: TextEnv, prompts: PromptTemplate, tokenizer: Any
+) -> int:
+    """``max_action_tokens`` (``model.max_action_tokens``), or when None: the longest expert
+    reply of the task in this tokenizer (first training worlds) plus :data:`REPLY_TOKEN_MARGIN`.
+
+    Replies are cut at this many tokens, so a budget below the longest expert reply makes
+    some of the task's actions impossible to say.
+    """
+    if max_action_tokens is not None:
+        return max_action_tokens
+    seeds = env.train_seeds()[:BUDGET_EPISODES]
+    demos = expert_demonstrations(env, seeds, list(prompts.bid_levels))
+    replies = {prompts.reply_text(demo.reply) for demo in demos if demo.kind == "action"}
+    longest = max(len(tokenizer(reply, add_special_tokens=False)["input_ids"]) for reply in replies)
+    return longest + REPLY_TOKEN_MARGIN
+
+
 def population_roles(cfg: DictConfig, env: TextEnv) -> list[str | None]:
     """Monolithic: one agent owning every role; otherwise one agent per role (times replicas)."""
     return [None] if cfg.coordination.name == "monolithic" else list(env.roles)
@@ -56,17 +80,15 @@ def build_rollout_loop(
     ``bid_population`` (which bids; default the same agents)."""
     task_config = OmegaConf.to_object(cfg.task)
     env = make_env(task_config)
+    tokenizer = population.agents[0].tokenizer
     prompts = PromptTemplate.for_env(
-        env,
-        cfg.model.prompt_style,
-        population.agents[0].tokenizer,
-        list(cfg.coordination.bid_levels),
+        env, cfg.model.prompt_style, tokenizer, list(cfg.coordination.bid_levels)
     )
     swarm = Swarm(
         population,
         prompts,
         cfg.model.max_bid_tokens,
-        cfg.model.max_action_tokens,
+        action_token_budget(cfg.model.max_action_tokens, env, prompts, tokenizer),
         cfg.model.temperature,
         bid_population=bid_population,
     )
@@ -120,7 +142,7 @@ class Run:
         else:
             texts = PromptTemplate.for_env(env, "compact", None, levels)
             corpus = [env.task_description] + [env.role_description(r) for r in env.roles]
-            corpus += texts.demonstration_texts(demos)
+            corpus += texts.demonstration_texts(demos) + env.vocabulary_texts()
             population = Population.build(
                 cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus
             )

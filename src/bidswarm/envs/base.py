@@ -78,6 +78,15 @@ class TextEnv(abc.ABC):
     def role_description(self, role: str | None) -> str:
         """What ``role`` can do and the exact reply format of its actions (None: all roles)."""
 
+    def vocabulary_texts(self) -> list[str]:
+        """Text a tokenizer trained on the task's demonstrations should also know (default none).
+
+        A task whose observations show words the demonstrations may never contain (e.g. the
+        names in a document corpus) returns them here, so a tokenizer built for a model
+        trained from scratch gives them pieces of their own.
+        """
+        return []
+
     # -- episode -------------------------------------------------------------------------------
     @abc.abstractmethod
     def reset(self, seed: int) -> None:
