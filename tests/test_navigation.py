@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from bidswarm.envs.experts import play_expert_episode
 from bidswarm.envs.navigation import NavigationConfig, NavigationEnv
 from bidswarm.envs.navigation.actions import NavAction, parse_action
 from bidswarm.envs.navigation.metrics import PathMetrics, resample_path
-from bidswarm.envs.navigation.scene import AGENT_RADIUS, distance_to_segment
+from bidswarm.envs.navigation.scene import AGENT_RADIUS, distance_to_segment, first_hop
 
 BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 CONF_TASK = Path(__file__).resolve().parents[1] / "conf" / "task" / "navigation_r2r.yaml"
@@ -87,17 +88,63 @@ def test_expert_reward_is_progress_plus_success_bonus(env):
     assert episode.total_reward > 1.0  # the paper's navigation reward can exceed 1.0
 
 
-def test_observations_are_short_and_informative(env):
+def test_observations_are_short_and_name_the_room_and_its_doorways(env):
     for seed in range(40):
         episode = play_expert_episode(env, seed, BID_LEVELS)
         for demo in episode.demonstrations:
-            assert len(demo.observation.split()) < 60, demo.observation
+            assert len(demo.observation.split()) < 80, demo.observation
     env.reset(7)
     text = env.observation("mover")
     assert env.episode.instruction in text
-    assert "ahead:" in text and "left:" in text and "right:" in text
-    room = env.episode.scene.room_names[env.episode.scene.room_of(env.position)]
-    assert f"in: {room}" in text
+    scene = env.episode.scene
+    room = scene.room_of(env.position)
+    assert f"in: {scene.room_names[room]};" in text
+    assert re.search(r"wall [\d.]+ m ahead", text)
+    for door in (scene.doors[k] for k in scene.room_doors[room]):
+        other = scene.room_names[door.b if door.a == room else door.a]
+        assert re.search(rf"door to {other} [\d.]+ m (ahead|behind|here|(left|right) \d+)", text)
+
+
+VIEW = (
+    r"{label} (?P<metres>[\d.]+) m "
+    r"(?P<where>ahead|behind|here|(?P<side>left|right) (?P<deg>\d+))"
+)
+
+
+def _command_read_from(text: str, label: str) -> str:
+    """The command a walker heading for ``label`` would read off the observation ``text``."""
+    view = re.search(VIEW.format(label=re.escape(label)), text)
+    assert view is not None, (label, text)
+    metres = float(view["metres"])
+    if not label.startswith("door to") and metres <= 0.5:
+        return "stop"
+    if view["deg"] is not None or view["where"] == "behind":
+        degrees = 180 if view["deg"] is None else int(view["deg"])
+        return f"turn {view['side'] or 'left'} {min(degrees, 45)} degree"
+    return f"move forward {min(max(round(metres / 0.25), 1), 3) * 25} cm"
+
+
+def test_the_experts_next_command_can_be_read_off_the_observation(env):
+    """Heading for the route's next doorway (or the goal), the observation's direction and
+    distance give the expert's command: imitation is a well-posed problem for a small model."""
+    agree = total = 0
+    for seed in range(30):
+        env.reset(seed)
+        episode, scene = env.episode, env.episode.scene
+        while not env.done:
+            command = env.expert_command()
+            _, node = first_hop(scene, episode.field, env.position)
+            if node == -1:
+                label = episode.goal_landmark.name
+            else:
+                door = scene.doors[node // 2]
+                label = f"door to {scene.room_names[door.b if node % 2 == 0 else door.a]}"
+            read = _command_read_from(env.observation(None), label)
+            agree += read == command.text
+            total += 1
+            env.step(None, command.text)
+    assert total > 300
+    assert agree / total >= 0.97, f"{agree}/{total}"
 
 
 def test_instruction_is_r2r_style(env):

@@ -3,8 +3,10 @@
 The Turner owns "turn left/right N degree", the Mover "move forward N cm", the Stopper "stop"
 (PAPER.md section 6). The pose is continuous (x, y in metres, heading in degrees); commands run
 as 15 degree / 25 cm atomic steps and a step into a wall is refused (the move ends there).
-Observations are short text: the instruction, the current room, what lies ahead / left / right
-and at what distance, and the result of the last decision.
+Observations are short text: the instruction, the current room, the wall ahead, every doorway
+and landmark of the room with its distance (quarter metres) and direction (``ahead``, ``left 30``,
+``right 45``, ``behind``: the turn step), and the result of the last decision. Read the way the
+experts read it, the next doorway of the route (or the goal) gives the next command [ours].
 
 Reward [ours]: progress along the shortest path, normalised by the start's geodesic distance (so
 reaching the goal sums to ``progress_weight``), plus ``success_bonus`` for a ``stop`` within
@@ -43,12 +45,27 @@ EXPERT_STOP_DISTANCE = 0.5
 """The scripted experts stop this close to the goal (metres)."""
 WAYPOINT_TOLERANCE = 0.2
 """The experts count a route node as reached this close to it (metres)."""
-_SECTORS = (("ahead", -30.0, 30.0), ("left", 30.0, 120.0), ("right", -120.0, -30.0))
+DIRECTION_STEP_DEGREES = 15
+"""Directions in observations are rounded to the turn step, so a seen bearing is a turn."""
+DISTANCE_STEP_METRES = 0.25
+"""Distances in observations are rounded to the atomic move."""
 
 
 def _metres(distance: float) -> str:
-    """A distance rounded to half metres, e.g. ``1.5 m``."""
-    return f"{round(distance * 2) / 2:g} m"
+    """A distance rounded to the atomic move, e.g. ``1.75 m``."""
+    return f"{round(distance / DISTANCE_STEP_METRES) * DISTANCE_STEP_METRES:g} m"
+
+
+def _direction(relative: float) -> str:
+    """A bearing relative to the heading (left positive) as ``ahead``, ``left 30``, ``behind``.
+
+    Side before degrees, in the order a turn command says them (``turn left 30 degree``)."""
+    degrees = DIRECTION_STEP_DEGREES * round(relative / DIRECTION_STEP_DEGREES)
+    if degrees == 0:
+        return "ahead"
+    if abs(degrees) == 180:
+        return "behind"
+    return f"{'left' if degrees > 0 else 'right'} {abs(degrees)}"
 
 
 class NavigationEnv(NavigationRules):
@@ -128,39 +145,32 @@ class NavigationEnv(NavigationRules):
     def observation(self, role: str | None) -> str:
         episode = self.episode
         room = episode.scene.room_names[episode.scene.room_of(self._position)]
-        views = "; ".join(f"{name}: {what}" for name, what in self._views())
+        views = "; ".join(self._views())
         return f"go: {episode.instruction} in: {room}; {views}; last: {self._last}."
 
-    def _views(self) -> list[tuple[str, str]]:
-        """The nearest door or landmark in each sector of the current room, else the wall."""
+    def _views(self) -> list[str]:
+        """The wall ahead, then each doorway and landmark of the current room: how far, which
+        way. A doorway is seen at its route node on this side, or on the far side once that is
+        reached (where a walker heads next to pass through it)."""
         scene = self.episode.scene
         room = scene.room_of(self._position)
-        items = [
-            (f"door to {scene.room_names[door.b if door.a == room else door.a]}", door.center)
-            for door in (scene.doors[k] for k in scene.room_doors[room])
-        ]
+        ahead = ray_distance(self._position, self._heading, scene.room_walls[room])
+        if math.isinf(ahead):  # the ray leaves through a doorway
+            ahead = ray_distance(self._position, self._heading, scene.all_walls)
+        views = [f"wall {_metres(ahead)} ahead"]
+        items = []
+        for door in (scene.doors[k] for k in scene.room_doors[room]):
+            side = 0 if door.a == room else 1
+            point = door.node(side)
+            if math.dist(self._position, point) < WAYPOINT_TOLERANCE:
+                point = door.node(1 - side)
+            items.append((f"door to {scene.room_names[door.b if side == 0 else door.a]}", point))
         items += [(mark.name, mark.position) for mark in scene.landmarks if mark.room == room]
-        seen: dict[str, tuple[float, str]] = {}
         for label, point in items:
+            relative = wrap_degrees(bearing(self._position, point) - self._heading)
             distance = math.dist(self._position, point)
-            if distance < 0.3:
-                sector = "ahead"
-            else:
-                relative = wrap_degrees(bearing(self._position, point) - self._heading)
-                sector = next((n for n, low, high in _SECTORS if low < relative <= high), "")
-            if sector and distance < seen.get(sector, (math.inf, ""))[0]:
-                seen[sector] = (distance, label)
-        views = []
-        for name, low, high in _SECTORS:
-            if name in seen:
-                distance, label = seen[name]
-            else:
-                label = "wall"
-                angle = self._heading + (low + high) / 2
-                distance = ray_distance(self._position, angle, scene.room_walls[room])
-                if math.isinf(distance):  # the ray leaves through a doorway
-                    distance = ray_distance(self._position, angle, scene.all_walls)
-            views.append((name, f"{label} {_metres(distance)}"))
+            where = "here" if distance < WAYPOINT_TOLERANCE else _direction(relative)
+            views.append(f"{label} {_metres(distance)} {where}")
         return views
 
     def step(self, actor_role: str | None, action: str) -> StepResult:
