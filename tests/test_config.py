@@ -94,6 +94,7 @@ def test_wrong_type_fails_naming_the_key():
         ("credit.name=magic", "credit.name"),
         ("rl.loss_normalization=max", "rl.loss_normalization"),
         ("rl.envs_per_update=0", "rl.envs_per_update"),
+        ("sft.bid_fraction=0", "sft.bid_fraction"),
     ],
 )
 def test_invalid_value_fails_before_any_model_loads(override, key):

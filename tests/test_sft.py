@@ -120,6 +120,24 @@ def test_monolithic_agent_gets_matched_token_budget():
     assert all(e.reply_ids[-1] == population[0].eos_id for e in plans[0].examples)
 
 
+def test_bid_fraction_keeps_every_action_and_a_share_of_bids_with_matched_monolithic_budget():
+    demos = expert_demonstrations(200)
+    population, template = build([*ROLES, None], demos)
+    cfg = SFTConfig(epochs=1, lr=1e-3, batch_size=8, bid_fraction=0.25)
+    plans = plan_sft(population, demos, template, cfg, seed=0)
+    replies = {template.reply_text(d.reply) for d in demos if d.kind == "action"}
+    reply_ids = {tuple(population[0].encode_reply(text)) for text in replies}
+    for plan, role in zip(plans[:3], ROLES, strict=True):
+        actions = [e for e in plan.examples if tuple(e.reply_ids) in reply_ids]
+        assert len(actions) == sum(d.role == role and d.kind == "action" for d in demos)
+        bids = len(plan.examples) - len(actions)
+        assert 0.15 * 200 < bids < 0.35 * 200  # 200 bids of this role, a quarter kept
+    # The monolithic agent matches the role agents' (now smaller) token total.
+    role_tokens = sum(plan.trained_tokens for plan in plans[:3])
+    longest = max(e.tokens for e in plans[3].examples)
+    assert role_tokens <= plans[3].trained_tokens < role_tokens + longest
+
+
 def test_sft_logs_per_agent_losses_and_fails_without_data(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 

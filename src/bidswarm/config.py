@@ -116,6 +116,10 @@ class SFTConfig:
     """Scripted-expert episodes (training seeds) that provide the demonstrations."""
     weight_decay: float = 0.0
     """AdamW weight decay of the SFT optimizer."""
+    bid_fraction: float = 1.0
+    """Share of the bid demonstrations kept (a seeded draw; every action demonstration is kept).
+    Every role bids at each step but acts at few, so bids are most examples; below 1 the SFT
+    steps go to the action replies [ours]."""
 
 
 @dataclass
@@ -251,5 +255,7 @@ def validate(cfg: Any) -> None:
         problems.append(f"rl.bid_resample_temperature={resample_temperature}: must be > 0")
     if cfg.model.temperature <= 0:
         problems.append(f"model.temperature={cfg.model.temperature}: must be > 0")
+    if not 0 < cfg.sft.bid_fraction <= 1:
+        problems.append(f"sft.bid_fraction={cfg.sft.bid_fraction}: must be in (0, 1]")
     if problems:
         raise ValueError("invalid config:\n  " + "\n  ".join(problems))

@@ -1,8 +1,9 @@
 """SFT cold start (PAPER.md section 5): each agent learns only its own role's demonstrations.
 
-A role agent trains on its role's bid and action demonstrations for ``SFTConfig.epochs``; the
-monolithic agent (role None) trains on every role's actions (the demonstrations with role None)
-for as many tokens as the role agents of one replica train in total (matched SFT compute).
+A role agent trains on its role's bid and action demonstrations for ``SFTConfig.epochs`` (of the
+bid ones, a seeded ``SFTConfig.bid_fraction`` share); the monolithic agent (role None) trains on
+every role's actions (the demonstrations with role None) for as many tokens as the role agents
+of one replica train in total (matched SFT compute).
 The loss is the token mean of the negative log-likelihood of the reply tokens (end of sequence
 included), never of the prompt. One AdamW optimizer holds one param group per agent, each with
 its own cosine schedule over that agent's own steps; an agent with no batch in a step has no
@@ -63,6 +64,19 @@ def demonstrations_of(role: str | None, demonstrations: list[Demonstration]):
     if role is None:
         return [d for d in demonstrations if d.role is None and d.kind == "action"]
     return [d for d in demonstrations if d.role == role]
+
+
+def keep_bid_fraction(
+    demonstrations: list[Demonstration], fraction: float, rng: random.Random
+) -> list[Demonstration]:
+    """Every action demonstration and a seeded draw of ``fraction`` of the bid ones, in order.
+
+    Every role bids at every step but acts at few, so bids are most of a role's examples;
+    keeping fewer of them gives the SFT steps to the replies (the harder part to learn).
+    """
+    if fraction >= 1.0:
+        return demonstrations
+    return [d for d in demonstrations if d.kind != "bid" or rng.random() < fraction]
 
 
 def epoch_stream(n_examples: int, epochs: int, rng: random.Random) -> list[int]:
@@ -126,6 +140,7 @@ def plan_sft(
 ) -> list[AgentPlan]:
     """Each agent's examples and batch order (see the module docstring for the rules)."""
     rng = random.Random(seed)
+    demonstrations = keep_bid_fraction(demonstrations, cfg.bid_fraction, rng)
     role_demos = [d for d in demonstrations if d.role is not None]
     plans = []
     for agent in population:
