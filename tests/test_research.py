@@ -101,8 +101,22 @@ def test_searching_a_subject_lists_its_page(world, cache_dir):
     ranked = [[p for p, _ in index.search(hop.subject, 3)] for hop in hops]
     first = sum(r[0] == position[hop.doc_id] for r, hop in zip(ranked, hops, strict=True))
     listed = sum(position[hop.doc_id] in r for r, hop in zip(ranked, hops, strict=True))
-    # "Siege of X" and "X Observatory" sometimes outrank the city X: distractors by design.
-    assert first / len(hops) >= 0.85 and listed / len(hops) >= 0.99
+    # "Siege of X" and "X Observatory" mention the city X more densely than its own page does;
+    # the exact-title rule still ranks the page named by the query first.
+    assert first == len(hops) and listed == len(hops)
+
+
+def test_a_page_titled_as_the_query_ranks_first(tmp_path):
+    documents = [
+        Document("a1", "Tarn Observatory", "The Tarn Observatory watches Tarn. Tarn Tarn Tarn."),
+        Document("b2", "Tarn", "Tarn is a city in the region Vale with a long history of trade."),
+        Document("c3", "Vale", "The capital of Vale is Tarn."),
+    ]
+    index = SearchIndex.build(documents)
+    bm25_first = index.retriever.retrieve([["tarn"]], k=1, show_progress=False)[0][0][0]
+    assert bm25_first == 0  # plain BM25 prefers the observatory
+    assert [p for p, _ in index.search("Tarn", 3)] == [1, 0, 2]
+    assert index.search("tarn observatory", 1)[0][0] == 0
 
 
 # -- the index cache -----------------------------------------------------------------------------
@@ -152,7 +166,18 @@ def test_experts_solve_every_heldout_question_with_all_three_roles(env):
         assert episode.metrics["hops_found"] == len(env.question.hops)
         assert episode.skipped == 0 and episode.decisions <= env.config.max_decisions
         actors.update(episode.actors)
+        opened = {
+            d.reply for d in episode.demonstrations if d.role == "opener" and d.kind == "action"
+        }
+        # The Opener opens the searched subject by rank, so its replies hold nothing to copy.
+        assert opened == {"browser.open(1)"}
     assert actors == set(env.roles)
+
+
+def test_vocabulary_texts_hold_every_page_name(env):
+    texts = env.vocabulary_texts()
+    assert len(texts) == len(env.data.documents)
+    assert all(text.startswith(d.title) for text, d in zip(texts, env.data.documents, strict=True))
 
 
 def test_seeds_index_questions_and_heldout_is_disjoint(env):

@@ -180,6 +180,12 @@ class ResearchEnv(TextEnv):
             raise ValueError(f"unknown role {role!r}; roles are {self.roles}")
         return f"You are the {role}. Your tools: {ROLE_TOOLS[role]}."
 
+    def vocabulary_texts(self) -> list[str]:
+        """Every page of the corpus: a tokenizer built for a model trained from scratch then
+        knows the names of held-out questions too (one piece per name word, vocabulary
+        allowing), not only those of the demonstrations."""
+        return [f"{document.title}. {document.text}" for document in self.data.documents]
+
     # -- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
         question = self.question_for_seed(seed)
@@ -416,8 +422,11 @@ class ResearchEnv(TextEnv):
         position = self.data.position[hop.doc_id]
         if s["open_doc"] == position:
             return "finder", f"browser.find({hop.pattern})"
-        if position in s["results"] or s["last_query"] == hop.subject:
-            # A page the search did not rank is still opened by id, so an expert never loops.
+        if s["last_query"] == hop.subject:
+            # Open by search rank (nothing to copy); a page the search did not rank is still
+            # opened by id, so an expert never loops.
+            if position in s["results"]:
+                return "opener", f"browser.open({s['results'].index(position) + 1})"
             return "opener", f"browser.open({hop.doc_id})"
         return "searcher", f"browser.search({hop.subject})"
 

@@ -50,6 +50,8 @@ STOPWORDS = frozenset(
         "with",
     }
 )
+TITLE_CANDIDATES = 10
+"""Candidates beyond ``k`` searched for a page whose title is the query."""
 INDEX_VERSION = 1
 """Bumped when tokenisation or indexed fields change, so old caches are rebuilt."""
 
@@ -104,16 +106,25 @@ class SearchIndex:
         return index
 
     def _search(self, query: str, k: int) -> tuple[tuple[int, float], ...]:
+        """The top ``k`` (position, score), a page titled exactly ``query`` first.
+
+        A search for a name should give that entity's own page first, but BM25 can rank a
+        short page mentioning the name more often (an observatory named after its city) above
+        it; the title rule puts the named page on top when it is among the first candidates.
+        """
         tokens = tokenize(query)
         if not tokens:
             return ()
         k = min(k, len(self.documents))
-        positions, scores = self.retriever.retrieve([tokens], k=k, show_progress=False)
-        return tuple(
+        candidates = min(k + TITLE_CANDIDATES, len(self.documents))
+        positions, scores = self.retriever.retrieve([tokens], k=candidates, show_progress=False)
+        hits = [
             (int(position), float(score))
             for position, score in zip(positions[0], scores[0], strict=True)
             if score > 0.0
-        )
+        ]
+        hits.sort(key=lambda hit: tokenize(self.documents[hit[0]].title) != tokens)
+        return tuple(hits[:k])
 
     def search_batch(self, queries: list[str], k: int) -> list[list[int]]:
         """Positions of the top ``k`` documents for each query, in one call (benchmarks)."""
