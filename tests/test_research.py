@@ -106,6 +106,36 @@ def test_searching_a_subject_lists_its_page(world, cache_dir):
     assert first == len(hops) and listed == len(hops)
 
 
+def _misspelt(name: str, rng: random.Random) -> str:
+    """``name`` with one letter of its longest word dropped or doubled (a near-miss copy)."""
+    words = name.split()
+    longest = max(range(len(words)), key=lambda i: len(words[i]))
+    word = words[longest]
+    at = rng.randrange(1, len(word))
+    dropped, doubled = word[:at] + word[at + 1 :], word[:at] + word[at] + word[at:]
+    words[longest] = dropped if rng.random() < 0.5 else doubled
+    return " ".join(words)
+
+
+@pytest.mark.parametrize("char_ngrams", [0, 3])
+def test_a_misspelt_name_finds_its_page_with_character_ngrams(world, cache_dir, char_ngrams):
+    documents, questions = world
+    index = SearchIndex.cached(documents, cache_dir, char_ngrams)
+    position = {d.id: i for i, d in enumerate(documents)}
+    rng = random.Random(0)
+    hops = [hop for q in questions[:100] for hop in q.hops]
+    found = 0
+    for hop in hops:
+        query = _misspelt(hop.subject, rng)
+        assert query != hop.subject
+        hits = index.search(query, 3)
+        found += bool(hits) and hits[0][0] == position[hop.doc_id]
+    if char_ngrams:
+        assert found / len(hops) >= 0.9, found / len(hops)
+    else:  # exact words: the misspelt word matches nothing, other words of the name may
+        assert found / len(hops) < 0.6, found / len(hops)
+
+
 def test_a_page_titled_as_the_query_ranks_first(tmp_path):
     documents = [
         Document("a1", "Tarn Observatory", "The Tarn Observatory watches Tarn. Tarn Tarn Tarn."),

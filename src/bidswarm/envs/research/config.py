@@ -36,6 +36,9 @@ class ResearchConfig(TaskConfig):
     max_hops: int = 4
     cache_dir: str = "outputs/cache/research"
     search_top_k: int = 3
+    search_char_ngrams: int = 3
+    """Words are also indexed as character n-grams of this length, so a query with a misspelt
+    name still finds its page, as a web search engine would [ours]; 0: exact words only."""
     page_words: int = 25
     judge: str = "match"
     f1_threshold: float = 0.8
@@ -60,6 +63,8 @@ def validate_research_config(config: ResearchConfig) -> None:
         )
     if config.search_top_k < 1:
         problems.append(f"task.search_top_k={config.search_top_k} must be >= 1")
+    if config.search_char_ngrams < 0:
+        problems.append(f"task.search_char_ngrams={config.search_char_ngrams} must be >= 0")
     if config.page_words < 5:
         problems.append(f"task.page_words={config.page_words} must be >= 5")
     if config.judge not in ("match", "llm"):

@@ -87,6 +87,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
         config.n_heldout_seeds,
         config.min_hops,
         config.max_hops,
+        config.search_char_ngrams,
         str(Path(config.cache_dir).resolve()),
     )
     if key in _SHARED:
@@ -120,7 +121,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
     data = ResearchData(
         documents,
         position,
-        SearchIndex.cached(documents, config.cache_dir),
+        SearchIndex.cached(documents, config.cache_dir, config.search_char_ngrams),
         train,
         heldout[: config.n_heldout_seeds],
     )

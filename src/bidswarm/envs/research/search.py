@@ -52,13 +52,25 @@ STOPWORDS = frozenset(
 )
 TITLE_CANDIDATES = 10
 """Candidates beyond ``k`` searched for a page whose title is the query."""
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 """Bumped when tokenisation or indexed fields change, so old caches are rebuilt."""
 
 
 def tokenize(text: str) -> list[str]:
     """Lower-cased word tokens without stopwords (the same for documents and queries)."""
     return [token for token in TOKEN.findall(text.lower()) if token not in STOPWORDS]
+
+
+def with_char_ngrams(words: list[str], n: int) -> list[str]:
+    """``words`` plus the character ``n``-grams of each word (marked ``#``, word edges ``^ $``),
+    so a misspelt word still shares most of its terms with the right one; 0: words only."""
+    if n <= 0:
+        return words
+    grams = []
+    for word in words:
+        padded = f"^{word}$"
+        grams += [f"#{padded[i : i + n]}" for i in range(max(len(padded) - n + 1, 1))]
+    return words + grams
 
 
 def _indexed_text(document: Document) -> str:
@@ -69,31 +81,36 @@ def _indexed_text(document: Document) -> str:
 class SearchIndex:
     """Ranked search over ``documents``; :meth:`search` returns document positions."""
 
-    def __init__(self, documents: list[Document], retriever: bm25s.BM25):
+    def __init__(self, documents: list[Document], retriever: bm25s.BM25, char_ngrams: int = 0):
         self.documents = documents
         self.retriever = retriever
+        self.char_ngrams = char_ngrams
+        """Words are also indexed as character n-grams of this length (0: words only)."""
         self.search = functools.lru_cache(maxsize=65536)(self._search)
 
     @classmethod
-    def build(cls, documents: list[Document]) -> SearchIndex:
+    def build(cls, documents: list[Document], char_ngrams: int = 0) -> SearchIndex:
         """Index ``documents`` in memory."""
         retriever = bm25s.BM25()
-        retriever.index([tokenize(_indexed_text(d)) for d in documents], show_progress=False)
-        return cls(documents, retriever)
+        terms = [with_char_ngrams(tokenize(_indexed_text(d)), char_ngrams) for d in documents]
+        retriever.index(terms, show_progress=False)
+        return cls(documents, retriever, char_ngrams)
 
     @classmethod
-    def cached(cls, documents: list[Document], cache_dir: str | Path) -> SearchIndex:
+    def cached(
+        cls, documents: list[Document], cache_dir: str | Path, char_ngrams: int = 0
+    ) -> SearchIndex:
         """Load the index of ``documents`` from ``cache_dir``, building and saving it if absent.
 
         The folder is keyed on a hash of the corpus, so an edited corpus gets a fresh index.
         """
-        key = f"v{INDEX_VERSION}-{corpus_fingerprint(documents)}"
+        key = f"v{INDEX_VERSION}-n{char_ngrams}-{corpus_fingerprint(documents)}"
         folder = Path(cache_dir) / key
         done = folder / "complete.json"
         if done.exists():
             retriever = bm25s.BM25.load(str(folder), show_progress=False, verbosity=0)
-            return cls(documents, retriever)
-        index = cls.build(documents)
+            return cls(documents, retriever, char_ngrams)
+        index = cls.build(documents, char_ngrams)
         staging = folder.with_name(f"{key}.partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -117,7 +134,8 @@ class SearchIndex:
             return ()
         k = min(k, len(self.documents))
         candidates = min(k + TITLE_CANDIDATES, len(self.documents))
-        positions, scores = self.retriever.retrieve([tokens], k=candidates, show_progress=False)
+        terms = with_char_ngrams(tokens, self.char_ngrams)
+        positions, scores = self.retriever.retrieve([terms], k=candidates, show_progress=False)
         hits = [
             (int(position), float(score))
             for position, score in zip(positions[0], scores[0], strict=True)
@@ -128,7 +146,7 @@ class SearchIndex:
 
     def search_batch(self, queries: list[str], k: int) -> list[list[int]]:
         """Positions of the top ``k`` documents for each query, in one call (benchmarks)."""
-        tokens = [tokenize(query) or ["\x00"] for query in queries]
+        tokens = [with_char_ngrams(tokenize(q), self.char_ngrams) or ["\x00"] for q in queries]
         positions, scores = self.retriever.retrieve(
             tokens, k=min(k, len(self.documents)), show_progress=False
         )
