@@ -116,10 +116,14 @@ class Swarm:
 
     def act(self, agent: int, envs: list[TextEnv], generator: torch.Generator) -> list[Reply]:
         """``agent``'s action reply in each env."""
-        role = self.role(agent)
-        prompts = [self.prompts.action(role, env.observation(role)) for env in envs]
+        prompts = self._action_prompts(agent, envs)
         policy = self.population.agents[agent]
         return self._generate(policy, agent, prompts, self.max_action_tokens, generator)
+
+    def _action_prompts(self, agent: int, envs: list[TextEnv]) -> list[str]:
+        """``agent``'s action prompt in each env."""
+        role = self.role(agent)
+        return [self.prompts.action(role, env.observation(role)) for env in envs]
 
     def score(self, agent: int, envs: list[TextEnv], replies: list[Reply]) -> list[float]:
         """Mean token log-prob of each reply as ``agent``'s own action in its env (one batch).
@@ -127,11 +131,8 @@ class Swarm:
         ``replies[k]`` is scored in ``envs[k]`` under ``agent``'s action prompt, at the sampling
         temperature; an empty reply scores ``-inf``. Counted as rollout tokens and FLOPs.
         """
-        role = self.role(agent)
         policy = self.population.agents[agent]
-        prompt_ids = policy.encode_prompts(
-            [self.prompts.action(role, env.observation(role)) for env in envs]
-        )
+        prompt_ids = policy.encode_prompts(self._action_prompts(agent, envs))
         reply_ids = [reply.reply_ids for reply in replies]
         with torch.no_grad():
             logprobs, mask = policy.reply_token_logprobs(prompt_ids, reply_ids, self.temperature)
