@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
 import statistics
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import minecraft_data
 import pytest
 
-from bidswarm.envs.crafting import ROLE_INSTRUCTIONS, CraftingConfig, CraftingEnv, techtree
+from bidswarm.envs.crafting import ROLE_INSTRUCTIONS, CraftingConfig, CraftingEnv, expert, techtree
 from bidswarm.envs.experts import play_expert_episode
 
 BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -267,6 +270,87 @@ def test_expert_actions_belong_to_their_role_and_bids_are_in_range() -> None:
                 assert (env.expert_bid(role) == 0.0) == (action is None)
             top = max(env.roles, key=env.expert_bid)
             env.step(top, env.expert_action(top))
+
+
+@dataclass
+class _SeenState:
+    """The planner's inputs as read back from an observation's text alone."""
+
+    config: CraftingConfig
+    inventory: dict[str, int]
+    depth: int
+    trees: int
+    in_stone: bool
+    in_iron_layer: bool
+    coal_seen: int
+    iron_seen: int
+    fuel_left: float
+    plan_cache: None = None
+
+
+def _read_observation(text: str, config: CraftingConfig) -> _SeenState:
+    """Parse ``CraftingEnv.observation`` back into what the expert may use (test-only reader)."""
+    item_of = {techtree.display_name(i): i for i in techtree.game_data().items_name}
+    inventory_text = re.search(r"inventory: (.*?)\.(?: furnace| near)", text).group(1)
+    inventory = {}
+    if inventory_text != "empty":
+        for part in inventory_text.split(", "):
+            count, name = part.split(" ", 1)
+            inventory[item_of[name]] = int(count)
+    fuel = re.search(r"furnace fuel: ([0-9.]+) items", text)
+    near = re.search(r"near: (.*?)\. last:", text).group(1)
+    trees = re.match(r"surface, (no|\d+) trees?", near)
+    depth = re.match(r"depth (\d+)", near)
+    coal = re.search(r"(\d+) coal ore", near)
+    iron = re.search(r"(\d+) iron ore", near)
+    return _SeenState(
+        config=config,
+        inventory=inventory,
+        depth=int(depth.group(1)) if depth else 0,
+        trees=0 if trees is None or trees.group(1) == "no" else int(trees.group(1)),
+        in_stone=depth is not None and "dirt" not in near,
+        in_iron_layer="iron layer" in near,
+        coal_seen=int(coal.group(1)) if coal else 0,
+        iron_seen=int(iron.group(1)) if iron else 0,
+        fuel_left=float(fuel.group(1)) if fuel else 0.0,
+    )
+
+
+@pytest.mark.parametrize("target", ["iron_pickaxe", "stone_pickaxe", "torch"])
+@pytest.mark.parametrize("expert_bids", expert.EXPERT_BIDS)
+def test_expert_decisions_replay_from_the_observation_alone(target: str, expert_bids: str) -> None:
+    """Every expert bid and action follows from the text an agent sees: no hidden world state
+    (e.g. the true iron depth) decides what the experts demonstrate."""
+    env = make(target=target, expert_bids=expert_bids)
+    checked = 0
+    for seed in env.train_seeds()[:25]:
+        env.reset(seed)
+        while not env.done:
+            for role in env.roles:
+                seen = _read_observation(env.observation(role), env.config)
+                assert expert.expert_action(seen, role) == env.expert_action(role), seed
+                assert expert.expert_bid(seen, role, expert_bids) == env.expert_bid(role), seed
+                checked += 1
+            top = max(env.roles, key=env.expert_bid)
+            if env.expert_bid(top) == 0.0:
+                env.skip()
+            else:
+                env.step(top, env.expert_action(top))
+    assert checked > 500
+
+
+def test_graded_expert_bids_use_every_level() -> None:
+    """``graded`` demonstrations hold every non-zero level, not only the top two (close races
+    are what counterfactual forks can flip)."""
+    env = make()
+    levels = Counter(
+        d.reply
+        for seed in env.train_seeds()[:8]
+        for d in play_expert_episode(env, seed, BID_LEVELS).demonstrations
+        if d.kind == "bid"
+    )
+    assert {"0.2", "0.4", "0.6", "0.8"} <= set(levels)
+    assert all(levels[level] >= 10 for level in ("0.2", "0.4", "0.6", "0.8")), levels
 
 
 def test_expert_team_obtains_the_iron_pickaxe_on_most_heldout_seeds() -> None:

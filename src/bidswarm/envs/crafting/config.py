@@ -27,6 +27,10 @@ class CraftingConfig(TaskConfig):
     frames_per_hardness: frames to break a block of hardness 1 by hand; a pickaxe divides it by
         its tier speed. Time is compressed against the real game (20 frames/s) so that one
         instruction harvests a few blocks, as STEVE-1's short instruction segments do.
+    expert_bids: how the scripted experts bid (their bids are the SFT bid demonstrations):
+        ``graded`` [ours] by how soon the plan needs the role (0.8 next, then 0.6, 0.4, 0.2;
+        0 when not needed), ``two_level`` 0.8 next / 0.4 later / 0. The paper does not report
+        its demonstrations' bids.
     """
 
     name: str = "crafting"
@@ -37,3 +41,4 @@ class CraftingConfig(TaskConfig):
     frames_per_instruction: int = 40
     history_length: int = 3
     frames_per_hardness: float = 5.0
+    expert_bids: str = "graded"

@@ -131,6 +131,10 @@ class CraftingEnv(TextEnv):
                 f"task.target={config.target!r} is not a crafting target; "
                 f"choose one of {list(techtree.TARGETS)}"
             )
+        if config.expert_bids not in expert.EXPERT_BIDS:
+            raise ValueError(
+                f"task.expert_bids={config.expert_bids!r}: choose one of {expert.EXPERT_BIDS}"
+            )
         self.milestones = (
             dict(config.milestone_rewards)
             if config.milestone_rewards is not None
@@ -201,16 +205,29 @@ class CraftingEnv(TextEnv):
             for n, name in ((self.coal_seen, "coal ore"), (self.iron_seen, "iron ore"))
             if n
         ]
-        return ", ".join([f"depth {self.depth}, stone", *seen])
+        layer = ["iron layer"] if self.in_iron_layer else []
+        return ", ".join([f"depth {self.depth}, stone", *layer, *seen])
+
+    @property
+    def in_stone(self) -> bool:
+        """Whether the player digs in stone (shown as ``stone`` in the observation)."""
+        return self.depth >= self.stone_depth
+
+    @property
+    def in_iron_layer(self) -> bool:
+        """Whether iron ore can be sighted at this depth (shown as ``iron layer``): the depth
+        reading a player has in the real game, where ores keep to their height ranges."""
+        return self.depth >= self.iron_depth
 
     def observation(self, role: str | None) -> str:
         if self._observation is None:
             step = min(self._decisions + 1, self.config.max_decisions)
             events = "; ".join(self.history) or "nothing yet"
+            fuel = f" furnace fuel: {self.fuel_left:g} items." if self.fuel_left else ""
             self._observation = (
                 f"step {step} of {self.config.max_decisions}. "
-                f"inventory: {_count_text(self.inventory) or 'empty'}. near: {self._near()}. "
-                f"last: {events}."
+                f"inventory: {_count_text(self.inventory) or 'empty'}.{fuel} "
+                f"near: {self._near()}. last: {events}."
             )
         return self._observation
 
@@ -505,4 +522,4 @@ class CraftingEnv(TextEnv):
         return expert.expert_action(self, role)
 
     def expert_bid(self, role: str) -> float:
-        return expert.expert_bid(self, role)
+        return expert.expert_bid(self, role, self.config.expert_bids)

@@ -3,8 +3,9 @@
 The planner walks the target's recipe tree against the inventory (tools are kept, ingredients and
 fuel are used up) and lists, in order, the instructions still needed. Its first entry is the
 bottleneck; wood comes first while the player stands on the surface, because climbing back up
-later costs decisions. The experts see the world's true iron depth, which agents only learn from
-ore sightings.
+later costs decisions. The experts read only what an agent's observation shows: the inventory,
+the depth and whether the player stands in stone and in the iron layer, the trees and ore in
+sight, and the furnace's fuel.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ class PlanState(Protocol):
     inventory: dict[str, int]
     depth: int
     trees: int
-    stone_depth: int
-    iron_depth: int
+    in_stone: bool
+    in_iron_layer: bool
     coal_seen: int
     iron_seen: int
     fuel_left: float
@@ -33,7 +34,11 @@ class PlanState(Protocol):
 BOTTLENECK_BID = 0.8
 """Bid of the role that owns the next step of the plan."""
 HELPER_BID = 0.4
-"""Bid of a role that owns a later step of the plan."""
+"""``two_level`` bids: the bid of a role that owns a later step of the plan."""
+GRADED_BIDS = (0.8, 0.6, 0.4, 0.2)
+"""``graded`` bids [ours]: the bid of a role whose first step is the plan's k-th (k = 0, 1, 2,
+later); a role the plan does not need passes (0)."""
+EXPERT_BIDS = ("graded", "two_level")
 
 CRAFT_INSTRUCTION = {
     "oak_planks": "craft planks",
@@ -120,7 +125,7 @@ class _Planner:
                 action = "go to the surface"
             else:
                 action = "chop a tree" if env.trees else "find trees"
-        elif env.depth < env.stone_depth:
+        elif not env.in_stone:
             action = "dig down"
         elif item == "cobblestone":
             action = "mine stone"
@@ -129,7 +134,7 @@ class _Planner:
         elif env.iron_seen:
             action = "mine iron ore"
         else:
-            action = "dig down" if env.depth < env.iron_depth else "explore the cave"
+            action = "explore the cave" if env.in_iron_layer else "dig down"
         self.steps.append((ROLE_OF_SOURCE[item], action))
 
 
@@ -155,9 +160,20 @@ def expert_action(env: PlanState, role: str | None) -> str | None:
     return None
 
 
-def expert_bid(env: PlanState, role: str) -> float:
-    """0.8 if ``role`` owns the next step, 0.4 if it owns a later one, else 0."""
-    steps = plan(env)
-    if steps and steps[0][0] == role:
-        return BOTTLENECK_BID
-    return HELPER_BID if any(owner == role for owner, _ in steps) else 0.0
+def expert_bid(env: PlanState, role: str, scheme: str = "graded") -> float:
+    """How urgently ``role`` should act: 0 when the plan does not need it, else by how soon.
+
+    ``graded`` [ours]: :data:`GRADED_BIDS` by the position of the role's first step in the plan
+    (0.8 for the next step, then 0.6, 0.4, 0.2). ``two_level``: 0.8 for the next step, 0.4 for a
+    later one. Graded bids give the auction close races (a runner-up one level below the
+    winner), where a counterfactual fork can still flip who acts.
+    """
+    owners = [owner for owner, _ in plan(env)]
+    if role not in owners:
+        return 0.0
+    position = owners.index(role)
+    if scheme == "two_level":
+        return BOTTLENECK_BID if position == 0 else HELPER_BID
+    if scheme == "graded":
+        return GRADED_BIDS[min(position, len(GRADED_BIDS) - 1)]
+    raise ValueError(f"task.expert_bids={scheme!r}: choose one of {EXPERT_BIDS}")

@@ -151,8 +151,8 @@ class _InventoryView:
     inventory: dict[str, int]
     depth: int = 0
     trees: int = 1
-    stone_depth: int = 0
-    iron_depth: int = 0
+    in_stone: bool = True
+    in_iron_layer: bool = True
     coal_seen: int = 1
     iron_seen: int = 1
     fuel_left: float = 0.0
@@ -315,7 +315,7 @@ class MineStudioCraftingEnv(TextEnv):
         return expert.expert_action(self._view(), role)
 
     def expert_bid(self, role: str) -> float:
-        return expert.expert_bid(self._view(), role)
+        return expert.expert_bid(self._view(), role, self.config.expert_bids)
 
 
 __all__ = [
