@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 import random
+import re
 from dataclasses import replace
 
 import pytest
@@ -25,7 +26,7 @@ from bidswarm.envs.research.corpus import (
 )
 from bidswarm.envs.research.search import SearchIndex
 from bidswarm.envs.research.tools import find_in_text, parse_call
-from bidswarm.envs.research.world import generate_world
+from bidswarm.envs.research.world import RELATIONS, Relation, generate_world
 from conftest import CONF
 
 BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -204,6 +205,72 @@ def test_experts_solve_every_heldout_question_with_all_three_roles(env):
     assert actors == set(env.roles)
 
 
+RELATION_OF_PHRASE: dict[str, Relation] = {
+    relation.phrase: relation for kind in RELATIONS.values() for relation in kind.values()
+}
+
+
+def _chain_read_from(question: str) -> tuple[str, list[Relation]]:
+    """The entity a generated question starts from and its relations, first hop first."""
+    rest = question.removeprefix("What is ").removesuffix("?")
+    relations = []
+    while phrase := next((p for p in RELATION_OF_PHRASE if rest.startswith(p + " ")), None):
+        relations.insert(0, RELATION_OF_PHRASE[phrase])
+        rest = rest.removeprefix(phrase + " ")
+    return rest.removeprefix("the "), relations
+
+
+def _value_read_from(fact: str, relation: Relation) -> str:
+    """What a fact sentence gives for ``relation``: its year, or the last name it holds."""
+    if relation.target == "year":
+        return re.findall(r"\b\d{4}\b", fact)[-1]
+    return re.findall(r"[A-Z]\w*(?: (?:of )?[A-Z]\w*)*", fact)[-1]
+
+
+def _expert_step_read_from(text: str) -> tuple[str, str]:
+    """The next (role, reply) of the chain, read off an observation of the generated world."""
+    start, relations = _chain_read_from(re.search(r"^Q: (.*)$", text, re.M)[1])
+    facts = int(re.search(r"Facts: (\d+)\.", text)[1])
+    title = re.search(r"Page: (?:none|d\d+ (.*) p\d+/\d+)\.", text)[1]
+    last = re.search(r"^Last: (.*)$", text, re.M)[1]
+    found = re.match(r'find "[^"]*" in d\d+: \[p\d+\] (.*?)(?: \[p\d+\]|$)', last)
+    notes = re.search(r"^Notes: (.*)$", text, re.M)
+    fact = found[1] if found else notes[1] if notes else ""
+    if facts == len(relations):
+        return "finder", f"answer({_value_read_from(fact, relations[-1])})"
+    subject = start if facts == 0 else _value_read_from(fact, relations[facts - 1])
+    if title == subject:
+        return "finder", f"browser.find({relations[facts].pattern})"
+    if last.startswith(f'search "{subject}":'):
+        rank = re.search(rf"\[(\d+)\] d\d+ {re.escape(subject)}:", last)[1]
+        return "opener", f"browser.open({rank})"
+    return "searcher", f"browser.search({subject})"
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_the_experts_next_step_can_be_read_off_the_observation(env, split):
+    """Every bid and action of the experts follows from the observation text alone: the
+    question names the start and the relations, ``Facts`` the hop reached, the latest fact the
+    next subject (or the answer), ``Page`` and ``Last`` whether to search, open or find. No
+    hidden part of the gold chain (progress, page positions) decides a demonstration."""
+    seeds = env.train_seeds()[:60] if split == "train" else env.heldout_seeds()
+    steps = 0
+    for seed in seeds:
+        env.reset(seed)
+        while not env.done:
+            text = env.observation(None)
+            role, reply = _expert_step_read_from(text)
+            for other in env.roles:
+                assert env.observation(other) == text
+                assert env.expert_action(other) == (reply if other == role else None), text
+                assert env.expert_bid(other) == (0.8 if other == role else 0.0), text
+            assert env.expert_action(None) == reply
+            env.step(role, reply)
+            steps += 1
+        assert env.episode_metrics()["success"] == 1.0, seed
+    assert steps > 400
+
+
 def test_vocabulary_texts_hold_every_page_name(env):
     texts = env.vocabulary_texts()
     assert len(texts) == len(env.data.documents)
@@ -257,9 +324,11 @@ def test_tools_show_results_and_open_by_rank(env):
     assert env.step("searcher", f"browser.search({hop.subject})").valid
     assert hop.doc_id in env.observation("opener")
     assert env.step("opener", "browser.open(1)").valid
-    assert f"Page: {hop.doc_id} p1/" in env.observation("finder")
+    assert f"Page: {hop.doc_id} {hop.subject} p1/" in env.observation("finder")
+    assert "Facts: 0." in env.observation("finder")
     assert env.step("finder", f"browser.find({hop.pattern})").valid
     assert hop.answer in env.observation("searcher")
+    assert "Facts: 1." in env.observation("searcher")
     assert env.step("finder", "browser.find(zzzz)").valid
     assert "no match" in env.observation("finder")
     assert hop.answer in env.observation("finder").split("Notes:")[1]  # the fact stays in notes

@@ -94,7 +94,7 @@ class NavigationRules(TextEnv):
 
     @abc.abstractmethod
     def expert_command(self) -> NavAction | None:
-        """The next command along the shortest path (None once the episode is over)."""
+        """The experts' next command (None when they have none, e.g. once the episode is over)."""
 
     def expert_action(self, role: str | None) -> str | None:
         command = self.expert_command()

@@ -5,8 +5,9 @@ The Turner owns "turn left/right N degree", the Mover "move forward N cm", the S
 as 15 degree / 25 cm atomic steps and a step into a wall is refused (the move ends there).
 Observations are short text: the instruction, the current room, the wall ahead, every doorway
 and landmark of the room with its distance (quarter metres) and direction (``ahead``, ``left 30``,
-``right 45``, ``behind``: the turn step), and the result of the last decision. Read the way the
-experts read it, the next doorway of the route (or the goal) gives the next command [ours].
+``right 45``, ``behind``: the turn step), and the result of the last decision. The experts
+read nothing else: the instruction names the rooms of the route, the current room says which
+doorway (or the goal) comes next, and its view (distance, direction) gives the command [ours].
 
 Reward [ours]: progress along the shortest path, normalised by the start's geodesic distance (so
 reaching the goal sums to ``progress_weight``), plus ``success_bonus`` for a ``stop`` within
@@ -16,13 +17,15 @@ reaching the goal sums to ``progress_weight``), plus ``success_bonus`` for a ``s
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from bidswarm.envs.base import StepResult
 from bidswarm.envs.navigation.actions import (
+    MOVE_CENTIMETRES,
     MOVE_STEP_CENTIMETRES,
+    TURN_DEGREES,
     NavAction,
-    steer,
 )
 from bidswarm.envs.navigation.common import NavigationRules
 from bidswarm.envs.navigation.config import NavigationConfig
@@ -36,36 +39,72 @@ from bidswarm.envs.navigation.scene import (
     crosses,
     distance_to_segment,
     first_hop,
-    node_point,
     ray_distance,
+    read_route,
     wrap_degrees,
 )
 
 EXPERT_STOP_DISTANCE = 0.5
-"""The scripted experts stop this close to the goal (metres)."""
+"""The scripted experts stop when the goal is seen this close (metres, as the view rounds it)."""
 WAYPOINT_TOLERANCE = 0.2
-"""The experts count a route node as reached this close to it (metres)."""
+"""A route node this close is reached: its doorway is then seen at the node across it."""
 DIRECTION_STEP_DEGREES = 15
 """Directions in observations are rounded to the turn step, so a seen bearing is a turn."""
 DISTANCE_STEP_METRES = 0.25
 """Distances in observations are rounded to the atomic move."""
 
 
-def _metres(distance: float) -> str:
-    """A distance rounded to the atomic move, e.g. ``1.75 m``."""
-    return f"{round(distance / DISTANCE_STEP_METRES) * DISTANCE_STEP_METRES:g} m"
+@dataclass(frozen=True)
+class View:
+    """One thing the robot sees, exactly as the observation says it (``door to kitchen 1.75 m
+    left 30``).
+
+    metres:  the distance rounded to the atomic move.
+    degrees: the bearing relative to the heading (left positive) rounded to the turn step, in
+             [-180, 180]; None when the thing is ``here`` (closer than ``WAYPOINT_TOLERANCE``).
+    """
+
+    label: str
+    metres: float
+    degrees: int | None
+
+    @property
+    def text(self) -> str:
+        """Side before degrees, in the order a turn command says them (``turn left 30``)."""
+        if self.degrees is None:
+            where = "here"
+        elif self.degrees == 0:
+            where = "ahead"
+        elif abs(self.degrees) == 180:
+            where = "behind"
+        else:
+            where = f"{'left' if self.degrees > 0 else 'right'} {abs(self.degrees)}"
+        return f"{self.label} {self.metres:g} m {where}"
 
 
-def _direction(relative: float) -> str:
-    """A bearing relative to the heading (left positive) as ``ahead``, ``left 30``, ``behind``.
+def seen(label: str, distance: float, relative: float | None) -> View:
+    """The view of a thing ``distance`` metres away at ``relative`` degrees (None: here)."""
+    metres = round(distance / DISTANCE_STEP_METRES) * DISTANCE_STEP_METRES
+    if relative is None:
+        return View(label, metres, None)
+    return View(label, metres, DIRECTION_STEP_DEGREES * round(relative / DIRECTION_STEP_DEGREES))
 
-    Side before degrees, in the order a turn command says them (``turn left 30 degree``)."""
-    degrees = DIRECTION_STEP_DEGREES * round(relative / DIRECTION_STEP_DEGREES)
-    if degrees == 0:
-        return "ahead"
-    if abs(degrees) == 180:
-        return "behind"
-    return f"{'left' if degrees > 0 else 'right'} {abs(degrees)}"
+
+def command_toward(view: View, is_goal: bool) -> NavAction:
+    """The scripted experts' command toward a seen doorway or the goal, read off its view.
+
+    Stop when the goal is seen within ``EXPERT_STOP_DISTANCE``; turn toward a thing seen off
+    ahead (up to 45 degrees at a time, left when it is behind); else move forward up to 75 cm,
+    as far as the view says it is.
+    """
+    if is_goal and view.metres <= EXPERT_STOP_DISTANCE:
+        return NavAction("stop")
+    if view.degrees:
+        side = "left" if view.degrees > 0 or abs(view.degrees) == 180 else "right"
+        return NavAction(f"turn_{side}", min(abs(view.degrees), max(TURN_DEGREES)))
+    steps = round(view.metres * 100 / MOVE_STEP_CENTIMETRES)
+    most = max(MOVE_CENTIMETRES) // MOVE_STEP_CENTIMETRES
+    return NavAction("move_forward", MOVE_STEP_CENTIMETRES * min(max(steps, 1), most))
 
 
 class NavigationEnv(NavigationRules):
@@ -143,12 +182,15 @@ class NavigationEnv(NavigationRules):
         return self._distance_to_goal
 
     def observation(self, role: str | None) -> str:
-        episode = self.episode
-        room = episode.scene.room_names[episode.scene.room_of(self._position)]
-        views = "; ".join(self._views())
-        return f"go: {episode.instruction} in: {room}; {views}; last: {self._last}."
+        views = "; ".join(view.text for view in self._views())
+        room = self._room_name()
+        return f"go: {self.episode.instruction} in: {room}; {views}; last: {self._last}."
 
-    def _views(self) -> list[str]:
+    def _room_name(self) -> str:
+        scene = self.episode.scene
+        return scene.room_names[scene.room_of(self._position)]
+
+    def _views(self) -> list[View]:
         """The wall ahead, then each doorway and landmark of the current room: how far, which
         way. A doorway is seen at its route node on this side, or on the far side once that is
         reached (where a walker heads next to pass through it)."""
@@ -157,7 +199,7 @@ class NavigationEnv(NavigationRules):
         ahead = ray_distance(self._position, self._heading, scene.room_walls[room])
         if math.isinf(ahead):  # the ray leaves through a doorway
             ahead = ray_distance(self._position, self._heading, scene.all_walls)
-        views = [f"wall {_metres(ahead)} ahead"]
+        views = [seen("wall", ahead, 0.0)]
         items = []
         for door in (scene.doors[k] for k in scene.room_doors[room]):
             side = 0 if door.a == room else 1
@@ -167,10 +209,9 @@ class NavigationEnv(NavigationRules):
             items.append((f"door to {scene.room_names[door.b if side == 0 else door.a]}", point))
         items += [(mark.name, mark.position) for mark in scene.landmarks if mark.room == room]
         for label, point in items:
-            relative = wrap_degrees(bearing(self._position, point) - self._heading)
             distance = math.dist(self._position, point)
-            where = "here" if distance < WAYPOINT_TOLERANCE else _direction(relative)
-            views.append(f"{label} {_metres(distance)} {where}")
+            relative = wrap_degrees(bearing(self._position, point) - self._heading)
+            views.append(seen(label, distance, None if distance < WAYPOINT_TOLERANCE else relative))
         return views
 
     def step(self, actor_role: str | None, action: str) -> StepResult:
@@ -260,16 +301,22 @@ class NavigationEnv(NavigationRules):
 
     # -- scripted experts ----------------------------------------------------------------------
     def expert_command(self) -> NavAction | None:
-        """The next command along the shortest path (None once the episode is over)."""
+        """The next command of the route the instruction describes, from the observation alone.
+
+        In the i-th room the instruction names, head for the doorway to the next one (in the
+        last, for the goal landmark) by its view. None once the episode is over, or off the
+        described route (nothing on screen says the way back).
+        """
         if self._done:
             return None
-        episode = self.episode
-        distance, node = first_hop(episode.scene, episode.field, self._position)
-        target = episode.field.goal if node == -1 else node_point(episode.scene, node)
-        if node != -1 and math.dist(self._position, target) < WAYPOINT_TOLERANCE:
-            following = episode.field.next_node[node]
-            target = episode.field.goal if following == -1 else node_point(episode.scene, following)
-        return steer(self._position, self._heading, target, distance, EXPERT_STOP_DISTANCE)
+        rooms, goal = read_route(self.episode.instruction)
+        room = self._room_name()
+        if room not in rooms:
+            return None
+        following = rooms.index(room) + 1
+        label = f"door to {rooms[following]}" if following < len(rooms) else goal
+        view = next((view for view in self._views() if view.label == label), None)
+        return None if view is None else command_toward(view, is_goal=label == goal)
 
 
 __all__ = ["NavigationEnv"]

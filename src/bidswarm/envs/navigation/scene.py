@@ -409,6 +409,15 @@ def describe_route(scene: Scene, points: list[Point], nodes: list[int], goal_nam
     return ", ".join(phrases) + "."
 
 
+def read_route(instruction: str) -> tuple[tuple[str, ...], str]:
+    """The rooms an instruction of :func:`describe_route` walks through, in order, and its goal
+    landmark: what a reader of the instruction knows of the route."""
+    phrases = instruction.removesuffix(".").split(", ")
+    rooms = [phrases[0].removeprefix("leave the ")]
+    rooms += [phrase.split(" into the ", 1)[1] for phrase in phrases[1:-1]]
+    return tuple(rooms), phrases[-1].removeprefix("stop by the ")
+
+
 @functools.lru_cache(maxsize=4096)
 def build_episode(seed: int, episodes_per_scene: int, params: SceneParams) -> Episode:
     """The episode of ``seed`` in house ``seed // episodes_per_scene`` (deterministic; cached)."""

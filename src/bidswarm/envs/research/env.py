@@ -44,6 +44,7 @@ from bidswarm.envs.research.world import generate_world
 MAX_OBSERVATION_WORDS = 79
 NOTE_WORDS = 14
 MESSAGE_WORDS = 12
+TITLE_WORDS = 6
 FIND_MATCHES_SHOWN = 2
 EXPERT_BID = 0.8
 
@@ -225,17 +226,20 @@ class ResearchEnv(TextEnv):
         return split[self._state["question_index"]]
 
     def observation(self, role: str | None) -> str:
-        """Question, turn, open page, notes, last tool result and message: < 80 words."""
+        """Question, turn, open page (id, title), facts found, notes, last tool result and
+        message: < 80 words."""
         del role  # the browser is shared: every role sees the same screen
         s = self._state
         page = "none"
         if s["open_doc"] is not None:
             document = self.data.documents[s["open_doc"]]
             total = page_count(document.text, self.config.page_words)
-            page = f"{document.id} p{s['page'] + 1}/{total}"
+            title = truncate_words(document.title, TITLE_WORDS)
+            page = f"{document.id} {title} p{s['page'] + 1}/{total}"
         head = [
             f"Q: {self.question.question}",
-            f"Turn {s['decisions'] + 1}/{self.config.max_decisions}. Page: {page}.",
+            f"Turn {s['decisions'] + 1}/{self.config.max_decisions}. Page: {page}. "
+            f"Facts: {len(s['notes'])}.",
         ]
         notes = s["notes"][:-1] if s["last_was_find"] else s["notes"]
         if notes:
@@ -374,7 +378,8 @@ class ResearchEnv(TextEnv):
         return None
 
     def _track_hop(self, document: Document, shown: list[str]) -> None:
-        """Count the gold hop as found when its fact is on screen (the experts follow this)."""
+        """Count the gold hop as found when its fact is on screen (the ``hops_found`` metric;
+        the experts go by the facts found that the screen shows instead)."""
         hops = self.question.hops
         found = self._state["hops_found"]
         if found < len(hops) and document.id == hops[found].doc_id:
@@ -410,25 +415,39 @@ class ResearchEnv(TextEnv):
 
     # -- scripted experts ----------------------------------------------------------------------
     def _next_expert_step(self) -> tuple[str, str] | None:
-        """(role, reply) of the next step on the gold chain, or None when there is none."""
+        """(role, reply) of the next step along the question's chain, decided from the screen.
+
+        The gold chain (``question.hops``) only picks among what the observation shows: the
+        hop reached is the number of facts found (``Facts: n``), never the hidden gold
+        progress; its subject is in the question (first hop) or in the latest fact (``Last`` or
+        ``Notes``); the subject's page is opened by its rank in the search results shown, and
+        searched in once ``Page`` names it; the find pattern is the relation the question asks
+        (one fixed word per relation in the generated world); the answer is in the latest fact.
+        An expert never types a name that is not on screen, nor opens a page by an id the
+        screen does not list: then it has nothing to do (None).
+        """
         s = self._state
         if s["done"]:
             return None
-        question = self.question
-        if not question.hops:
+        hops = self.question.hops
+        if not hops:
             return self._next_step_without_hops()
-        if s["hops_found"] == len(question.hops):
-            return "finder", f"answer({question.answer})"
-        hop = question.hops[s["hops_found"]]
+        screen = self.observation(None).lower()
+        found = len(s["notes"])
+        if found >= len(hops):
+            answer = hops[-1].answer
+            return ("finder", f"answer({answer})") if answer.lower() in screen else None
+        hop = hops[found]
+        if hop.subject.lower() not in screen:
+            return None
         position = self.data.position[hop.doc_id]
         if s["open_doc"] == position:
             return "finder", f"browser.find({hop.pattern})"
-        if s["last_query"] == hop.subject:
-            # Open by search rank (nothing to copy); a page the search did not rank is still
-            # opened by id, so an expert never loops.
-            if position in s["results"]:
-                return "opener", f"browser.open({s['results'].index(position) + 1})"
-            return "opener", f"browser.open({hop.doc_id})"
+        if s["last_result"].startswith(f'search "{hop.subject}":'):
+            rank = s["results"].index(position) + 1 if position in s["results"] else 0
+            if f"[{rank}] {hop.doc_id}".lower() not in screen:
+                return None
+            return "opener", f"browser.open({rank})"
         return "searcher", f"browser.search({hop.subject})"
 
     def _next_step_without_hops(self) -> tuple[str, str] | None:
