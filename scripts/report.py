@@ -10,12 +10,23 @@ together. Training
 runs give their held-out result after RL (``eval_after/...``) and their training curves;
 evaluation runs (``python -m bidswarm.evaluate``) give ``eval/...`` and borrow the training FLOPs
 of the run they evaluated. Writes ``report.md``, ``reward_vs_flops.png`` and
-``participation.png`` into ``--out`` and prints the table.
+``participation.png`` into ``--out`` and prints the tables.
+
+Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
+held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
+evaluation runs). A strategy's mean, SE and 95% t interval are over its (training seed, world)
+cells; every strategy is compared with the reference strategy (``--reference``, default the
+MPT defaults) by the paired difference over the (training seed, world) cells both hold, with a
+two-way cluster bootstrap interval over training seeds and worlds
+(:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
+fall back to statistics over their run-level means and are left out of the pairing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +35,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from bidswarm import tracking
+from bidswarm import statistics, tracking
 from bidswarm.rollout.metrics import mean_and_se
 
 POOLED_KEYS = (
@@ -52,15 +64,35 @@ class RunResult:
     training_flops: float | None
     curves: dict[str, list[float]] = field(default_factory=dict)
     """Per-update histories: ``reward/mean``, ``reward/se``, ``flops/total``, participation."""
+    training_seed: int | None = None
+    """The ``seed`` the evaluated agents were trained with (None: unknown, left unpaired)."""
+    world_rewards: dict[int, float] | None = None
+    """Held-out mean reward per world id (None: the run logged none)."""
 
 
 @dataclass
 class StrategyRow:
+    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)."""
+
     strategy: str
     mean: float
     se: float
     runs: int
     training_flops: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int = 1
+    unit: str = "runs"
+    cells: dict[tuple[object, int], float] = field(default_factory=dict)
+    """(training seed, world) -> mean reward, for pairing (empty: no per-world rewards)."""
+
+
+@dataclass
+class DifferenceRow:
+    """``strategy`` minus the reference, paired by (training seed, world); None: not paired."""
+
+    strategy: str
+    difference: statistics.Difference | None
 
 
 def strategy_of(run_name: str) -> str:
@@ -86,6 +118,31 @@ def find_runs(client: MlflowClient, parent: str | None, experiment: str | None) 
     return [run for run in runs if tracking.SWEEP_TAG not in run.data.tags]
 
 
+def seed_of(params: dict[str, str], run_name: str) -> int | None:
+    """A run's ``seed`` param, else the ``seed=`` of its name, else None."""
+    value = params.get("seed")
+    if value is None:
+        overrides = dict(part.split("=", 1) for part in run_name.split(",") if "=" in part)
+        value = overrides.get("seed")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_world_rewards(client: MlflowClient, run_id: str, key: str) -> dict[int, float] | None:
+    """The artifact ``heldout/<key>_worlds.json`` of a run (None: the run logged none)."""
+    name = f"heldout/{key}_worlds.json"
+    try:
+        if name not in {a.path for a in client.list_artifacts(run_id, "heldout")}:
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            text = Path(client.download_artifacts(run_id, name, folder)).read_text()
+    except (MlflowException, OSError):  # artifacts in a store this machine cannot read
+        return None
+    return {int(world): float(reward) for world, reward in json.loads(text).items()}
+
+
 def history(client: MlflowClient, run_id: str, key: str) -> list[float]:
     """Values of ``key`` in logging order."""
     points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
@@ -96,19 +153,25 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
     metrics = run.data.metrics
     strategy = strategy_of(run.info.run_name or "")
     if run.data.tags.get("bidswarm.kind") == "evaluate":
-        flops = None
+        # Its own ``seed`` is the evaluation's; the training seed is its source run's.
+        flops, seed = None, None
         source = run.data.tags.get("bidswarm.source_run")
         if source is not None:
             try:
-                flops = client.get_run(source).data.metrics.get("flops/total")
+                trained = client.get_run(source)
             except Exception:  # the source run lives in another store: no FLOPs to show
-                flops = None
+                trained = None
+            if trained is not None:
+                flops = trained.data.metrics.get("flops/total")
+                seed = seed_of(trained.data.params, trained.info.run_name or "")
         return RunResult(
             run.info.run_id,
             strategy,
             metrics.get("eval/reward/mean"),
             metrics.get("eval/reward/se"),
             flops,
+            training_seed=seed,
+            world_rewards=read_world_rewards(client, run.info.run_id, "eval"),
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith("participation/"))
@@ -119,6 +182,8 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         metrics.get("eval_after/reward/se"),
         metrics.get("flops/total"),
         {key: history(client, run.info.run_id, key) for key in keys},
+        training_seed=seed_of(run.data.params, run.info.run_name or ""),
+        world_rewards=read_world_rewards(client, run.info.run_id, "eval_after"),
     )
 
 
@@ -135,36 +200,116 @@ def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
     return dict(sorted(groups.items()))
 
 
+def strategy_cells(results: list[RunResult]) -> dict[tuple[object, int], float]:
+    """(training seed, world) -> mean reward over the strategy's runs of that seed (a run of
+    unknown seed is its own cluster, ``run <id>``, which pairs with nothing)."""
+    values: dict[tuple[object, int], list[float]] = {}
+    for result in results:
+        cluster = result.training_seed
+        if cluster is None:
+            cluster = f"run {result.run_id}"
+        for world, reward in (result.world_rewards or {}).items():
+            values.setdefault((cluster, world), []).append(reward)
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
 def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
-    """Mean +- SE per strategy: across runs (seeds) when several, else the run's own SE."""
+    """Mean, SE and 95% CI per strategy over its (training seed, world) cells when every run
+    logged per-world rewards; else over its runs' means (one run: its own SE, no CI)."""
     rows = []
     for strategy, results in groups.items():
         scored = [r for r in results if r.heldout_mean is not None]
         if not scored:
             continue
-        if len(scored) == 1:
-            mean, se = scored[0].heldout_mean, scored[0].heldout_se or 0.0
-        else:
-            mean, se = mean_and_se([r.heldout_mean for r in scored])
         flops = [r.training_flops for r in scored if r.training_flops is not None]
-        rows.append(
-            StrategyRow(strategy, mean, se, len(scored), sum(flops) / len(flops) if flops else None)
+        row = StrategyRow(
+            strategy, 0.0, 0.0, len(scored), sum(flops) / len(flops) if flops else None
         )
+        if all(r.world_rewards for r in scored):
+            row.cells = strategy_cells(scored)
+            s = statistics.summarize(list(row.cells.values()))
+            row.unit = "cells"
+        elif len(scored) == 1:
+            row.mean, row.se = scored[0].heldout_mean, scored[0].heldout_se or 0.0
+            rows.append(row)
+            continue
+        else:
+            s = statistics.summarize([r.heldout_mean for r in scored])
+        row.mean, row.se, row.ci_low, row.ci_high, row.n = s.mean, s.se, s.ci_low, s.ci_high, s.n
+        rows.append(row)
     return sorted(rows, key=lambda row: row.mean, reverse=True)
 
 
 def markdown_table(rows: list[StrategyRow]) -> str:
+    """Mean ± SE, 95% CI and what they are over (cells or runs), runs, FLOPs, gap to the best."""
     lines = [
-        "| strategy | held-out reward (mean ± SE) | runs | training FLOPs | vs best |",
-        "|---|---|---|---|---|",
+        "Held-out reward per strategy: mean ± SE and 95% t interval over its (training seed, "
+        "world) cells, each the mean of that world's runs (over runs' means for runs that "
+        "logged no per-world rewards).",
+        "",
+        "| strategy | held-out reward (mean ± SE) | 95% CI | over | runs | training FLOPs "
+        "| vs best |",
+        "|---|---|---|---|---|---|---|",
     ]
     best = rows[0].mean if rows else 0.0
     for row in rows:
         flops = f"{row.training_flops:.3g}" if row.training_flops is not None else "n/a"
         gap = "best" if row is rows[0] else f"{row.mean - best:+.2f}"
+        ci = "n/a" if row.ci_low is None else f"{row.ci_low:.2f} .. {row.ci_high:.2f}"
+        over = f"{row.n} {row.unit}" if row.ci_low is not None else "1 run (its SE)"
         lines.append(
-            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {row.runs} | {flops} | {gap} |"
+            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {over} | {row.runs} "
+            f"| {flops} | {gap} |"
         )
+    return "\n".join(lines)
+
+
+def reference_strategy(rows: list[StrategyRow], chosen: str | None) -> str:
+    """``chosen``, else the MPT defaults when present, else the best row."""
+    names = [row.strategy for row in rows]
+    if chosen is not None:
+        if chosen not in names:
+            raise SystemExit(f"--reference {chosen!r}: no such strategy; strategies: {names}")
+        return chosen
+    return DEFAULT_STRATEGY if DEFAULT_STRATEGY in names else names[0]
+
+
+def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
+    """Every other strategy minus ``reference`` over the (training seed, world) cells both
+    hold (two-way cluster bootstrap CI); None when they share no cell."""
+    base = next(row for row in rows if row.strategy == reference)
+    out = []
+    for row in rows:
+        if row is base:
+            continue
+        shared = row.cells.keys() & base.cells.keys()
+        difference = (
+            statistics.paired_difference(row.cells, base.cells, row.strategy, reference)
+            if shared
+            else None
+        )
+        out.append(DifferenceRow(row.strategy, difference))
+    return out
+
+
+def difference_table(differences: list[DifferenceRow], reference: str) -> str:
+    """Markdown: strategy - reference, its 95% CI, how many cells were paired, the verdict."""
+    lines = [
+        f"Paired difference to **{reference}** on the same (training seed, world) cells; 95% CI "
+        "by a two-way cluster bootstrap over training seeds and worlds.",
+        "",
+        f"| strategy | − {reference} | 95% CI | paired cells | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for row in differences:
+        d = row.difference
+        if d is None:
+            lines.append(f"| {row.strategy} | n/a | n/a | 0 | not paired: no shared cell |")
+        else:
+            lines.append(
+                f"| {row.strategy} | {d.mean:+.2f} | {d.ci_low:+.2f} .. {d.ci_high:+.2f} "
+                f"| {d.n} | {d.verdict} |"
+            )
     return "\n".join(lines)
 
 
@@ -244,9 +389,14 @@ def plot_participation(groups: dict[str, list[RunResult]], path: Path) -> Path:
 
 
 def write_report(
-    client: MlflowClient, parent: str | None, experiment: str | None, out: Path
+    client: MlflowClient,
+    parent: str | None,
+    experiment: str | None,
+    out: Path,
+    reference: str | None = None,
 ) -> str:
-    """Table + verdict + plots into ``out``; returns the markdown."""
+    """Tables (strategies; paired differences to ``reference``) + verdict + plots into
+    ``out``; returns the markdown."""
     runs = find_runs(client, parent, experiment)
     if not runs:
         raise SystemExit("no runs found (is the tracking URI right?)")
@@ -256,15 +406,15 @@ def write_report(
     plot_reward_vs_flops(groups, out / "reward_vs_flops.png")
     plot_participation(groups, out / "participation.png")
     source = f"sweep parent run `{parent}`" if parent else f"experiment `{experiment}`"
-    text = "\n\n".join(
-        [
-            f"# Strategy comparison ({source})",
-            markdown_table(rows),
-            verdict(rows),
-            "![reward vs training FLOPs](reward_vs_flops.png)",
-            "![participation share per role](participation.png)",
-        ]
-    )
+    sections = [f"# Strategy comparison ({source})", markdown_table(rows), verdict(rows)]
+    if len(rows) > 1:
+        base = reference_strategy(rows, reference)
+        sections.append(difference_table(paired_differences(rows, base), base))
+    sections += [
+        "![reward vs training FLOPs](reward_vs_flops.png)",
+        "![participation share per role](participation.png)",
+    ]
+    text = "\n\n".join(sections)
     (out / "report.md").write_text(text + "\n")
     return text
 
@@ -278,9 +428,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else the project store"
     )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        help=f"strategy the others are paired against (default: {DEFAULT_STRATEGY!r} when "
+        "present, else the best)",
+    )
     args = parser.parse_args(argv)
     client = MlflowClient(tracking.tracking_uri(args.tracking_uri))
-    print(write_report(client, args.parent, args.experiment, args.out))
+    print(write_report(client, args.parent, args.experiment, args.out, args.reference))
     print(f"\n[bidswarm] report written to {args.out}/report.md")
 
 

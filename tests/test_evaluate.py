@@ -22,6 +22,9 @@ from bidswarm.evaluate import (
     run_evaluation,
     validate_evaluation,
 )
+from bidswarm.rollout.evaluation import evaluate
+from bidswarm.rollout.swarm import Usage
+from bidswarm.statistics import summarize
 from conftest import CONF, ROOT
 
 
@@ -104,13 +107,43 @@ def test_bids_and_actions_come_from_the_chosen_checkpoints(finished_run, tmp_pat
     assert not same_parameters(sft, final)
 
 
-def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(finished_run, tmp_path):
+def test_evaluation_is_over_worlds_and_leaves_training_usage_alone(finished_run, tmp_path):
+    loop = build_loop(evaluation_config(finished_run, tmp_path))
+    training = Usage(rollout_tokens=7, train_tokens=5, rollout_flops=1e6, train_flops=3e6)
+    loop.swarm.usage = training
+    before = training.as_dict()
+    seeds = loop.make_env().heldout_seeds()[:2]
+    evaluation = evaluate(loop, seeds, runs_per_seed=3, seed=0)
+    assert loop.swarm.usage is training and training.as_dict() == before
+    assert evaluation.usage.rollout_tokens > 0 and evaluation.usage.rollout_flops > 0
+    assert len(evaluation.episodes) == 6 and sorted(evaluation.world_rewards) == sorted(seeds)
+    world = seeds[0]
+    runs = [e.total_reward for e in evaluation.episodes if e.seed == world]
+    assert evaluation.world_rewards[world] == pytest.approx(sum(runs) / 3)
+    over_worlds = summarize(list(evaluation.world_rewards.values()))
+    metrics = evaluation.metrics
+    assert metrics["worlds"] == 2.0 and metrics["episodes"] == 6.0
+    assert metrics["reward/mean"] == pytest.approx(over_worlds.mean)
+    assert metrics["reward/se"] == pytest.approx(over_worlds.se)
+    assert (metrics["reward/ci_low"], metrics["reward/ci_high"]) == pytest.approx(
+        (over_worlds.ci_low, over_worlds.ci_high)
+    )
+
+
+def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(
+    finished_run, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     cfg = evaluation_config(finished_run, tmp_path, "coordination=round_robin")
     metrics = run_evaluation(cfg)
-    assert metrics["episodes"] == 4.0 and metrics["seeds"] == 2.0
+    assert metrics["episodes"] == 4.0 and metrics["seeds"] == 2.0 and metrics["worlds"] == 2.0
     assert metrics["reward/se"] >= 0.0 and metrics["flops/rollout"] > 0
+    assert metrics["reward/ci_low"] <= metrics["reward/mean"] <= metrics["reward/ci_high"]
     saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
     assert saved == pytest.approx(metrics)
+    worlds = json.loads((tmp_path / "eval" / "heldout" / "eval_worlds.json").read_text())
+    assert len(worlds) == 2
+    assert sum(worlds.values()) / 2 == pytest.approx(metrics["reward/mean"])
 
     from mlflow.tracking import MlflowClient
 
@@ -120,6 +153,8 @@ def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(finished_run, tm
     assert run.data.tags["bidswarm.kind"] == "evaluate"
     assert run.data.metrics["eval/reward/mean"] == pytest.approx(metrics["reward/mean"])
     assert run.data.params["coordination.name"] == "round_robin"
+    logged = client.download_artifacts(run.info.run_id, "heldout/eval_worlds.json", str(tmp_path))
+    assert json.loads(Path(logged).read_text()) == worlds
     # The same evaluation seed replays the same episodes.
     again = run_evaluation(
         evaluation_config(finished_run, tmp_path, "coordination=round_robin", "logger=csv")

@@ -1,4 +1,5 @@
-"""``scripts/report.py``: strategies pooled over seeds, the table, the plots, a real sweep."""
+"""``scripts/report.py``: strategies pooled over seeds, statistics over (training seed, world)
+cells, paired differences to a reference strategy, the plots, a real sweep."""
 
 from __future__ import annotations
 
@@ -56,23 +57,75 @@ def result(strategy: str, mean: float, se: float = 0.5, flops: float = 1e9):
     return report.RunResult("id", strategy, mean, se, flops)
 
 
-def test_summary_is_mean_and_se_across_seeds_and_names_the_winner():
+def test_without_world_rewards_the_summary_is_over_runs_and_names_the_winner():
     groups = report.group_by_strategy(
         [result("a", 4.0), result("a", 6.0), result("b", 2.0, se=0.25), result("c", None)]
     )
     rows = report.summarize(groups)
     assert [r.strategy for r in rows] == ["a", "b"]
     assert rows[0].mean == 5.0 and rows[0].se == pytest.approx(1.0) and rows[0].runs == 2
-    assert rows[1].se == 0.25, "one run keeps its own SE over episodes"
+    assert rows[1].se == 0.25, "one run keeps its own SE over worlds"
     table = report.markdown_table(rows)
-    assert "| a | 5.00 ± 1.00 | 2 | 1e+09 | best |" in table
-    assert "| b | 2.00 ± 0.25 | 1 | 1e+09 | -3.00 |" in table
+    # t_{0.975, 1} = 12.706: 5 +- 12.71.
+    assert "| a | 5.00 ± 1.00 | -7.71 .. 17.71 | 2 runs | 2 | 1e+09 | best |" in table
+    assert "| b | 2.00 ± 0.25 | n/a | 1 run (its SE) | 1 | 1e+09 | -3.00 |" in table
     assert "**a**" in report.verdict(rows) and "+3.00 (+150%)" in report.verdict(rows)
 
 
-def log_training_run(client, experiment_id, name, rewards, parent=None):
+def trained(strategy: str, seed: int | None, worlds: dict[int, float] | None) -> report.RunResult:
+    mean = sum(worlds.values()) / len(worlds) if worlds else 1.0
+    return report.RunResult(
+        f"{strategy}/{seed}", strategy, mean, 0.5, 1e9, training_seed=seed, world_rewards=worlds
+    )
+
+
+def test_cells_pair_strategies_by_training_seed_and_world():
+    base = {10: 2.0, 11: 4.0, 12: 9.0}
+    runs = [
+        trained(report.DEFAULT_STRATEGY, 0, base),
+        trained(report.DEFAULT_STRATEGY, 1, {w: r + 1 for w, r in base.items()}),
+        trained("better", 0, {w: r + 3 for w, r in base.items()}),
+        trained("better", 1, {w: r + 4 for w, r in base.items()}),
+        trained("better", 1, {w: r + 4 for w, r in base.items()}),  # same seed again: averaged
+        trained("elsewhere", 7, base),
+        trained("old", 0, None),
+    ]
+    rows = report.summarize(report.group_by_strategy(runs))
+    by_name = {row.strategy: row for row in rows}
+    default = by_name[report.DEFAULT_STRATEGY]
+    cells = [2.0, 4.0, 9.0, 3.0, 5.0, 10.0]
+    expected = report.statistics.summarize(cells)
+    assert default.n == 6 and default.unit == "cells" and default.cells[(1, 12)] == 10.0
+    assert (default.mean, default.se, default.ci_low) == pytest.approx(
+        (expected.mean, expected.se, expected.ci_low)
+    )
+    assert by_name["better"].n == 6 and by_name["better"].runs == 3
+    assert by_name["old"].unit == "runs" and not by_name["old"].cells
+
+    reference = report.reference_strategy(rows, None)
+    assert reference == report.DEFAULT_STRATEGY, "the MPT defaults, although not the best"
+    differences = {d.strategy: d.difference for d in report.paired_differences(rows, reference)}
+    assert differences["better"].mean == pytest.approx(3.0) and differences["better"].n == 6
+    assert differences["better"].verdict == f"better > {report.DEFAULT_STRATEGY}"
+    assert differences["elsewhere"] is None and differences["old"] is None
+    table = report.difference_table(report.paired_differences(rows, reference), reference)
+    assert f"| better | +3.00 | +3.00 .. +3.00 | 6 | better > {reference} |" in table
+    assert "| old | n/a | n/a | 0 | not paired: no shared cell |" in table
+
+    assert report.reference_strategy(rows, "better") == "better"
+    with pytest.raises(SystemExit, match="nothing"):
+        report.reference_strategy(rows, "nothing")
+    without_default = [row for row in rows if row.strategy != report.DEFAULT_STRATEGY]
+    assert report.reference_strategy(without_default, None) == without_default[0].strategy
+
+
+def log_training_run(client, experiment_id, name, rewards, parent=None, worlds=None):
+    """A training run's metrics, and when ``worlds`` its per-world held-out rewards after RL."""
     tags = {"mlflow.parentRunId": parent} if parent else {}
     run = client.create_run(experiment_id, run_name=name, tags=tags)
+    if worlds is not None:
+        worlds_json = {str(w): r for w, r in worlds.items()}
+        client.log_dict(run.info.run_id, worlds_json, "heldout/eval_after_worlds.json")
     for step, reward in enumerate(rewards):
         for key, value in (
             ("reward/mean", reward),
@@ -90,11 +143,14 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    experiment_id = client.create_experiment("grid")
+    experiment_id = client.create_experiment("grid", str(tmp_path / "artifacts"))
     parent = client.create_run(experiment_id, run_name="sweep", tags={"bidswarm.sweep_dir": "x"})
     parent_id = parent.info.run_id
-    source = log_training_run(client, experiment_id, "seed=0", [1.0, 3.0], parent_id)
-    log_training_run(client, experiment_id, "seed=1", [1.0, 5.0], parent_id)
+    source = log_training_run(
+        client, experiment_id, "seed=0", [1.0, 3.0], parent_id, {10: 2.0, 11: 4.0}
+    )
+    log_training_run(client, experiment_id, "seed=1", [1.0, 5.0], parent_id, {10: 4.0, 11: 6.0})
+    # Logged before per-world rewards existed: summarized from its own SE, never paired.
     log_training_run(client, experiment_id, "ablation=monolithic,seed=0", [1.0, 1.5], parent_id)
     log_training_run(client, experiment_id, "unrelated", [9.0])  # not in the sweep
     evaluation = client.create_run(
@@ -104,17 +160,40 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     )
     client.log_metric(evaluation.info.run_id, "eval/reward/mean", 2.0)
     client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
+    client.log_dict(evaluation.info.run_id, {"10": 1.0, "11": 3.0}, "heldout/eval_worlds.json")
 
     text = report.write_report(client, parent_id, None, tmp_path / "sweep")
-    assert "| mpt (defaults) | 4.00 ± 1.00 | 2 | 2e+06 | best |" in text
-    assert "| ablation=monolithic | 1.50 ± 0.20 | 1 | 2e+06 | -2.50 |" in text
+    # Cells 2, 4, 4, 6: SE sqrt(8/3 / 4) = 0.82, half width 3.182 * 0.8165 = 2.60.
+    assert "| mpt (defaults) | 4.00 ± 0.82 | 1.40 .. 6.60 | 4 cells | 2 | 2e+06 | best |" in text
+    assert (
+        "| ablation=monolithic | 1.50 ± 0.20 | n/a | 1 run (its SE) | 1 | 2e+06 | -2.50 |" in text
+    )
+    assert "| − mpt (defaults) |" in text
+    assert "| ablation=monolithic | n/a | n/a | 0 | not paired: no shared cell |" in text
     assert "unrelated" not in text and "round_robin" not in text
     for name in ("report.md", "reward_vs_flops.png", "participation.png"):
         assert (tmp_path / "sweep" / name).stat().st_size > 0
+    assert (tmp_path / "sweep" / "report.md").read_text() == text + "\n"
 
     text = report.write_report(client, None, "grid", tmp_path / "all")
-    assert "| coordination=round_robin | 2.00 ± 0.30 | 1 | 2e+06 |" in text, "FLOPs of its source"
+    # Worlds 1 and 3: SE 1, half width t_{0.975, 1} = 12.71; the FLOPs of its source run.
+    assert "| coordination=round_robin | 2.00 ± 1.00 | -10.71 .. 14.71 | 2 cells | 1 | 2e+06 |" in (
+        text
+    )
+    # Paired with the seed-0 cells of its source run (training seed 0): 1 - 2 and 3 - 4.
+    assert (
+        "| coordination=round_robin | -1.00 | -1.00 .. -1.00 | 2 "
+        "| coordination=round_robin < mpt (defaults) |"
+    ) in text
     assert "unrelated" in text and "sweep" not in text.split("\n", 2)[2]
+
+    text = report.write_report(
+        client, None, "grid", tmp_path / "all", reference="coordination=round_robin"
+    )
+    assert (
+        "| mpt (defaults) | +1.00 | +1.00 .. +1.00 | 2 "
+        "| mpt (defaults) > coordination=round_robin |"
+    ) in text, "only the two cells both hold"
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Evaluate a trained swarm on held-out worlds with any coordination rule; log mean +- SE.
+"""Evaluate a trained swarm on held-out worlds with any coordination rule; log mean +- SE
+and the 95% CI over worlds, and the per-world mean rewards (to pair arms).
 
     python -m bidswarm.evaluate run_dir=outputs/runs/<day>/<time>                 # as trained
     python -m bidswarm.evaluate run_dir=... coordination=round_robin              # swap the rule
@@ -180,8 +181,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float]) -> str:
-    """One MLflow run tagged with its source training run (a sweep's jobs under one parent)."""
+def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], worlds_file: Path) -> str:
+    """One MLflow run tagged with its source training run (a sweep's jobs under one parent);
+    ``worlds_file`` (per-world mean rewards) becomes its artifact ``heldout/eval_worlds.json``."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
@@ -214,18 +216,21 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float]) -> str:
         metrics=[Metric(f"eval/{k}", float(v), 0, 0) for k, v in metrics.items()],
         params=[Param(k, str(v)[:6000]) for k, v in params.items()],
     )
+    client.log_artifact(run.info.run_id, str(worlds_file), "heldout")
     client.set_terminated(run.info.run_id)
     return run.info.run_id
 
 
 def run_evaluation(cfg: DictConfig) -> dict[str, float]:
-    """Held-out seeds x ``runs_per_seed`` episodes; returns the metrics (``reward/mean`` ...)."""
+    """Held-out seeds x ``runs_per_seed`` episodes; returns the metrics (``reward/mean`` ...,
+    over worlds) and writes them to ``evaluation.json``, the per-world mean rewards to
+    ``heldout/eval_worlds.json`` (world ids as keys), so that arms can be paired."""
     loop = build_loop(cfg)
     env = loop.make_env()
     seeds = env.heldout_seeds()[: cfg.max_seeds]
-    metrics, _ = evaluate(loop, seeds, cfg.runs_per_seed, cfg.seed, cfg.batch_size)
-    usage = loop.swarm.usage
-    metrics |= {
+    evaluation = evaluate(loop, seeds, cfg.runs_per_seed, cfg.seed, cfg.batch_size)
+    usage = evaluation.usage
+    metrics = evaluation.metrics | {
         "seeds": float(len(seeds)),
         "runs_per_seed": float(cfg.runs_per_seed),
         "flops/rollout": usage.rollout_flops,
@@ -236,10 +241,15 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    worlds_file = out_dir / "heldout" / "eval_worlds.json"
+    worlds_file.parent.mkdir(exist_ok=True)
+    worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
+    worlds_file.write_text(json.dumps(worlds, indent=1) + "\n")
     if cfg.logger.name == "mlflow":
-        log_to_mlflow(cfg, metrics)
+        log_to_mlflow(cfg, metrics, worlds_file)
     print(
         f"[bidswarm] held-out reward {metrics['reward/mean']:.2f} +- {metrics['reward/se']:.2f} "
+        f"(95% CI {metrics['reward/ci_low']:.2f} .. {metrics['reward/ci_high']:.2f}) "
         f"over {len(seeds)} worlds x {cfg.runs_per_seed} runs (coordination="
         f"{cfg.coordination.name}, bids={cfg.bids_from}, actions={cfg.actions_from})",
         flush=True,

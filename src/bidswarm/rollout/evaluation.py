@@ -1,26 +1,64 @@
-"""Held-out evaluation: every held-out world x ``runs_per_seed`` runs, mean +- SE."""
+"""Held-out evaluation: every held-out world x ``runs_per_seed`` runs; statistics over worlds."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import torch
 
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.metrics import episode_metrics
 from bidswarm.rollout.records import Episode
+from bidswarm.rollout.swarm import Usage
+from bidswarm.statistics import per_world_means, summarize
+
+
+@dataclass
+class Evaluation:
+    """What an evaluation measured.
+
+    metrics: ``episode_metrics`` of all episodes, except that ``reward/mean``, ``reward/se``,
+             ``reward/ci_low`` and ``reward/ci_high`` (95% t interval) are over the per-world
+             mean rewards (``worlds`` of them): the runs of one world are not independent.
+    world_rewards: mean reward per held-out world id, to pair arms on the same worlds.
+    usage: tokens and FLOPs the evaluation itself spent (never added to the swarm's training
+           counters).
+    """
+
+    metrics: dict[str, float]
+    episodes: list[Episode]
+    world_rewards: dict[int, float]
+    usage: Usage
 
 
 def evaluate(
     loop: RolloutLoop, seeds: list[int], runs_per_seed: int, seed: int, batch_size: int = 64
-) -> tuple[dict[str, float], list[Episode]]:
-    """Play ``seeds`` x ``runs_per_seed`` episodes (sampling, fixed randomness) in lock-step."""
+) -> Evaluation:
+    """Play ``seeds`` x ``runs_per_seed`` episodes (sampling, fixed randomness) in lock-step.
+
+    The swarm's usage counters are swapped for fresh ones while it plays and restored after,
+    so held-out evaluation never shows up in the training ``tokens/*`` and ``flops/*``.
+    """
     rng = random.Random(f"eval/{seed}")
     device = next(loop.swarm.population.parameters()).device
     generator = torch.Generator(device=device)
     generator.manual_seed(rng.randrange(2**63))
     worlds = [s for s in seeds for _ in range(runs_per_seed)]
     episodes: list[Episode] = []
-    for start in range(0, len(worlds), batch_size):
-        episodes += loop.run(worlds[start : start + batch_size], rng, generator)
-    return episode_metrics(episodes, loop.swarm), episodes
+    training_usage, loop.swarm.usage = loop.swarm.usage, Usage()
+    try:
+        for start in range(0, len(worlds), batch_size):
+            episodes += loop.run(worlds[start : start + batch_size], rng, generator)
+    finally:
+        usage, loop.swarm.usage = loop.swarm.usage, training_usage
+    world_rewards = per_world_means([e.total_reward for e in episodes], [e.seed for e in episodes])
+    reward = summarize(list(world_rewards.values()))
+    metrics = episode_metrics(episodes, loop.swarm) | {
+        "reward/mean": reward.mean,
+        "reward/se": reward.se,
+        "reward/ci_low": reward.ci_low,
+        "reward/ci_high": reward.ci_high,
+        "worlds": float(reward.n),
+    }
+    return Evaluation(metrics, episodes, world_rewards, usage)
