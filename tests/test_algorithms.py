@@ -20,6 +20,7 @@ from bidswarm.algorithms import (
     fork_preference,
     random_bid_credit,
     reinforce_loss,
+    reward_to_go_credit,
     run_auction,
 )
 
@@ -147,9 +148,27 @@ def test_episode_return_credit_gives_every_step_the_return() -> None:
     assert episode_return_credit([1.0, -2.0, 4.0]) == ([3.0, 3.0, 3.0], 0.0)
 
 
+def test_reward_to_go_credit_sums_the_rewards_from_each_step_on() -> None:
+    assert reward_to_go_credit([1.0, -2.0, 4.0]) == ([3.0, 2.0, 4.0], 0.0)
+    assert reward_to_go_credit([]) == ([], 0.0)
+
+
+@given(st.lists(st.floats(-100, 100), max_size=30))
+def test_reward_to_go_equals_bucket_brigade_with_every_bid_passing_all_upstream(rewards) -> None:
+    """With b = 1 nobody keeps anything in Eq. 2; reward to go is what each v_t carries."""
+    credits, _ = reward_to_go_credit(rewards)
+    value = 0.0
+    for step in reversed(range(len(rewards))):
+        value += rewards[step]
+        assert credits[step] == pytest.approx(value, abs=1e-9)
+
+
 def test_credit_rules_share_one_signature() -> None:
     rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    assert set(CREDIT_RULES) == {"bucket_brigade", "random", "episode_return"}
+    assert set(CREDIT_RULES) == {"bucket_brigade", "random", "episode_return", "reward_to_go"}
+    assert CREDIT_RULES["reward_to_go"](
+        rewards, bids, random.Random(0), BID_LEVELS
+    ) == reward_to_go_credit(rewards)
     assert CREDIT_RULES["bucket_brigade"](
         rewards, bids, random.Random(0), BID_LEVELS
     ) == bucket_brigade_credit(rewards, bids)

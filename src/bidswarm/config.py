@@ -134,15 +134,23 @@ class RLConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    """Gradient-norm clip, applied to each agent's gradient separately (0: none)."""
     loss_normalization: str = "token_mean"
     """[ours] ``token_mean``: mean over action tokens; ``sequence_sum``: sum over each reply."""
     fork_budget: int = 2
     """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
+    fork_steps: str = "all"
+    """[ours] which contested steps may be forked: ``all`` (paper-faithful: the paper says no
+    more) or ``until_last_reward`` (those at or before the episode's last reward)."""
+    bid_resample: str = "rejection"
+    """[ours] ``rejection``: resample the winner's bid reply up to ``max_bid_resamples`` times
+    until a parsed one falls below the runner-up's (paper); ``below_runner_up``: draw it from the
+    policy restricted to the levels below the runner-up (unlimited tries, never dropped)."""
     max_bid_resamples: int = 3
     bid_resample_temperature: float | None = None
     """[ours] sampling temperature of the winner's bid resamples in a fork (None: the model's).
     After SFT the bid policies are peaked, so at the model's temperature few resamples fall
-    below the runner-up and most forks are dropped (see ``forks/dropped``)."""
+    below the runner-up and most forks are dropped (see the ``forks/*`` funnel)."""
     bt_beta: float = 1.0
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
     checkpoint_every: int = 1
@@ -221,6 +229,7 @@ def validate(cfg: Any) -> None:
     from bidswarm.algorithms.credit import CREDIT_RULES
     from bidswarm.coordination import RULES
     from bidswarm.envs import TASKS
+    from bidswarm.rollout.loop import BID_RESAMPLING, FORK_STEPS
 
     problems = [f"{key}: not a field of the config schema" for key in unknown_keys(cfg)]
     if cfg.task.name not in TASKS:
@@ -248,6 +257,15 @@ def validate(cfg: Any) -> None:
         section, name = key.split(".")
         if cfg[section][name] < 1:
             problems.append(f"{key}={cfg[section][name]}: must be >= 1")
+    if cfg.rl.fork_steps not in FORK_STEPS:
+        problems.append(f"rl.fork_steps={cfg.rl.fork_steps!r}: choose one of {FORK_STEPS}")
+    if not 1 <= cfg.sft.demo_episodes <= cfg.task.n_train_seeds:
+        problems.append(
+            f"sft.demo_episodes={cfg.sft.demo_episodes}: must be in 1..task.n_train_seeds "
+            f"({cfg.task.n_train_seeds})"
+        )
+    if cfg.rl.bid_resample not in BID_RESAMPLING:
+        problems.append(f"rl.bid_resample={cfg.rl.bid_resample!r}: choose one of {BID_RESAMPLING}")
     if cfg.rl.fork_budget < 0:
         problems.append(f"rl.fork_budget={cfg.rl.fork_budget}: must be >= 0")
     resample_temperature = cfg.rl.bid_resample_temperature

@@ -8,6 +8,7 @@ after the cold start), ``checkpoints/last.ckpt`` (agents, optimizer, schedule po
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,13 @@ def expert_demonstrations(env: TextEnv, seeds: list[int], bid_levels: list[float
     for seed in seeds:
         demos += play_expert_episode(env, seed, bid_levels).demonstrations
     return demos
+
+
+def demonstration_worlds(env: TextEnv, cfg: DictConfig) -> list[int]:
+    """The ``sft.demo_episodes`` training worlds the experts play for SFT: a draw that depends
+    on the run's seed, so runs with different seeds start from different demonstrations."""
+    rng = random.Random(f"demonstrations/{cfg.seed}")
+    return rng.sample(env.train_seeds(), cfg.sft.demo_episodes)
 
 
 REPLY_TOKEN_MARGIN = 4
@@ -135,8 +143,7 @@ class Run:
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
         env = make_env(OmegaConf.to_object(cfg.task))
         levels = list(cfg.coordination.bid_levels)
-        demo_seeds = env.train_seeds()[: cfg.sft.demo_episodes]
-        demos = expert_demonstrations(env, demo_seeds, levels)
+        demos = expert_demonstrations(env, demonstration_worlds(env, cfg), levels)
         if state.get("sft_done"):
             population = Population.from_pretrained(run_dir / "sft")
         else:
@@ -174,6 +181,7 @@ class Run:
                 self.cfg.sft,
                 trainer_kwargs=self.trainer_kwargs() | {"enable_progress_bar": True},
                 logger=self.logger,
+                seed=self.cfg.seed,
             )
             self.state["sft"] = result
         if rank_zero_only.rank == 0:
@@ -182,17 +190,30 @@ class Run:
         self.save_state()
 
     def evaluate_and_record(self, key: str) -> dict[str, float]:
-        """Held-out mean +- SE, logged under ``key/`` and kept in the run's state."""
+        """Held-out mean, SE and 95% CI over worlds, logged under ``key/`` and kept in the
+        run's state; the per-world mean rewards (to pair arms on the same worlds) go to the
+        state's ``key_worlds`` and the artifact ``heldout/<key>_worlds.json``."""
         if rank_zero_only.rank != 0:
             return {}
         seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
-        metrics, _ = evaluate(self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed)
+        evaluation = evaluate(self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed)
+        metrics = evaluation.metrics | {
+            "eval_tokens": float(evaluation.usage.rollout_tokens),
+            "eval_flops": evaluation.usage.rollout_flops,
+        }
         self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()})
         self.state[key] = metrics
+        worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
+        self.state[f"{key}_worlds"] = worlds
         self.save_state()
+        heldout = self.run_dir / "heldout"
+        heldout.mkdir(exist_ok=True)
+        (heldout / f"{key}_worlds.json").write_text(json.dumps(worlds, indent=1) + "\n")
+        self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>_worlds.json
         print(
             f"[bidswarm] {key}: held-out reward {metrics['reward/mean']:.2f} "
-            f"+- {metrics['reward/se']:.2f} over {len(seeds)} worlds",
+            f"+- {metrics['reward/se']:.2f} (95% CI {metrics['reward/ci_low']:.2f} .. "
+            f"{metrics['reward/ci_high']:.2f}) over {len(seeds)} worlds",
             flush=True,
         )
         return metrics
@@ -276,14 +297,30 @@ class Run:
         self.logger.finalize("success" if status == "FINISHED" else "failed")
 
     def print_summary(self) -> None:
+        """Where the run is; held-out reward before and after RL, and after RL minus before
+        RL paired on the same held-out worlds (95% CI, verdict)."""
+        from bidswarm.statistics import paired_difference
+
         before = self.state.get("eval_before", {}).get("reward/mean")
         after = self.state.get("eval_after", {}).get("reward/mean")
         lines = ["", f"[bidswarm] run folder: {self.run_dir}"]
         if before is not None:
             lines.append(f"[bidswarm] held-out reward before RL (after SFT): {before:.2f}")
         if after is not None:
-            se = self.state["eval_after"]["reward/se"]
-            lines.append(f"[bidswarm] held-out reward after RL: {after:.2f} +- {se:.2f}")
+            result = self.state["eval_after"]
+            line = f"[bidswarm] held-out reward after RL: {after:.2f} +- {result['reward/se']:.2f}"
+            if "reward/ci_low" in result:  # absent from runs evaluated before CIs existed
+                line += f" (95% CI {result['reward/ci_low']:.2f} .. {result['reward/ci_high']:.2f})"
+            lines.append(line)
+        worlds_before = self.state.get("eval_before_worlds")
+        worlds_after = self.state.get("eval_after_worlds")
+        if worlds_before and worlds_after:
+            diff = paired_difference(worlds_after, worlds_before, "after RL", "before RL")
+            lines.append(
+                f"[bidswarm] after RL - before RL on the same {diff.n} held-out worlds: "
+                f"{diff.mean:+.2f} (95% CI {diff.ci_low:+.2f} .. {diff.ci_high:+.2f}): "
+                f"{diff.verdict}"
+            )
         if isinstance(self.logger, MLFlowLogger):
             uri = tracking.tracking_uri(self.cfg.logger.tracking_uri)
             lines.append(

@@ -9,6 +9,7 @@ from bidswarm.algorithms.credit import (
     bucket_brigade_credit,
     episode_return_credit,
     random_bid_credit,
+    reward_to_go_credit,
 )
 from bidswarm.algorithms.losses import (
     NORMALIZATIONS,
@@ -28,5 +29,6 @@ __all__ = [
     "fork_preference",
     "random_bid_credit",
     "reinforce_loss",
+    "reward_to_go_credit",
     "run_auction",
 ]

@@ -101,6 +101,25 @@ def episode_return_credit(rewards: Sequence[float]) -> tuple[list[float], float]
     return [episode_return] * len(rewards), 0.0
 
 
+def reward_to_go_credit(rewards: Sequence[float]) -> tuple[list[float], float]:
+    """Plain REINFORCE with causality [ours]: each acting step gets the reward from it on.
+
+    The non-myopic credit of the round-robin training ablation: with no bids, Eq. 2 would pass
+    nothing upstream and leave each actor only its own step's reward.
+
+    Args:
+        rewards: r_t per acting step, shape [T].
+
+    Returns:
+        ([sum(rewards[t:]) for each t], 0.0).
+    """
+    credits, to_go = [0.0] * len(rewards), 0.0
+    for step in reversed(range(len(rewards))):
+        to_go += float(rewards[step])
+        credits[step] = to_go
+    return credits, 0.0
+
+
 def _bucket_brigade_rule(
     rewards: Sequence[float],
     bids: Sequence[float],
@@ -128,8 +147,18 @@ def _episode_return_rule(
     return episode_return_credit(rewards)
 
 
+def _reward_to_go_rule(
+    rewards: Sequence[float],
+    bids: Sequence[float],
+    rng: random.Random,
+    levels: Sequence[float],
+) -> tuple[list[float], float]:
+    return reward_to_go_credit(rewards)
+
+
 CREDIT_RULES: dict[str, CreditRule] = {
     "bucket_brigade": _bucket_brigade_rule,
     "random": _random_rule,
     "episode_return": _episode_return_rule,
+    "reward_to_go": _reward_to_go_rule,
 }

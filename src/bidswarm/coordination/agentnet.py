@@ -165,8 +165,8 @@ class AgentNet(CoordinationRule):
                 by_holder.setdefault(holder, []).append(pos)
         for agent, positions in sorted(by_holder.items()):
             bids = swarm.bid(agent, [envs[p] for p in positions], generator)
-            for pos, (level, _) in zip(positions, bids, strict=True):
-                keeps[pos] = level >= self.keep_bid
+            for pos, bid in zip(positions, bids, strict=True):
+                keeps[pos] = bid.level >= self.keep_bid
         return keeps
 
     def record_outcomes(

@@ -23,7 +23,7 @@ class Auction(CoordinationRule):
         per_agent = [swarm.bid(agent, envs, generator) for agent in range(swarm.n_agents)]
         decisions = []
         for env_pos in range(len(envs)):
-            bids = [per_agent[agent][env_pos][0] for agent in range(swarm.n_agents)]
+            bids = [per_agent[agent][env_pos].level for agent in range(swarm.n_agents)]
             outcome = run_auction(bids, rng)
             decisions.append(
                 Decision(
@@ -32,7 +32,7 @@ class Auction(CoordinationRule):
                     runner_up=outcome.runner_up,
                     runner_up_bid=outcome.runner_up_bid,
                     bids=bids,
-                    bid_replies=[per_agent[a][env_pos][1] for a in range(swarm.n_agents)],
+                    bid_replies=[per_agent[a][env_pos].reply for a in range(swarm.n_agents)],
                 )
             )
         return decisions

@@ -148,9 +148,17 @@ class SwarmModule(L.LightningModule):
             losses = [sum(p.reshape(-1)[0] * 0.0 for p in self.population.parameters())]
         self.manual_backward(torch.stack([loss.reshape(()) for loss in losses]).sum())
         if self.rl.grad_clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=self.rl.grad_clip)
+            self._clip_per_agent(optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    def _clip_per_agent(self, optimizer) -> None:
+        """Clip each agent's gradient norm to ``rl.grad_clip`` on its own (one param group per
+        agent): a global clip would let one agent's large gradient shrink every other's step."""
+        for group in optimizer.param_groups:
+            grads = [p for p in group["params"] if p.grad is not None]
+            if grads:
+                torch.nn.utils.clip_grad_norm_(grads, self.rl.grad_clip)
 
     def _action_update(self, episodes: list[Episode], rng: random.Random) -> dict[str, float]:
         """Credit, REINFORCE losses per agent, one optimizer step (Eq. 2)."""
@@ -171,6 +179,8 @@ class SwarmModule(L.LightningModule):
                 rng,
                 generator,
                 self.rl.bid_resample_temperature,
+                self.rl.fork_steps,
+                self.rl.bid_resample,
             )
         with self._timed("update_bid"):
             losses, metrics = self.bid_losses(pairs)

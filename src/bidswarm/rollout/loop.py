@@ -19,23 +19,58 @@ from bidswarm.rollout.records import Decision, Episode, PreferencePair, StepReco
 from bidswarm.rollout.swarm import Swarm
 
 
+FORK_STEPS = ("all", "until_last_reward")
+"""Which contested steps a bid update may fork (``rl.fork_steps``)."""
+BID_RESAMPLING = ("rejection", "below_runner_up")
+"""How a fork redraws the winner's bid (``rl.bid_resample``): ``rejection`` samples bid replies
+up to ``max_bid_resamples`` times until a parsed one falls below the runner-up's (the paper's);
+``below_runner_up`` [ours] draws from the policy restricted to the levels below it (the limit of
+rejection sampling with unlimited tries): no fork is dropped."""
+
+
 @dataclass
 class ForkStats:
-    """Bookkeeping of one bid phase (PAPER.md section 4)."""
+    """The funnel of one bid phase (PAPER.md section 4), from contested steps to pairs."""
 
     contested: int = 0
-    made: int = 0
-    dropped: int = 0
-    """No resample fell below the runner-up's bid within the allowed tries."""
+    eligible: int = 0
+    """Contested steps the selection rule allows (``rl.fork_steps``)."""
+    chosen: int = 0
+    """Eligible steps drawn within the per-episode budget."""
+    resampled_below: int = 0
+    """Chosen steps where a parsed resample fell below the runner-up: a branch was played."""
+    unparsed_resamples: int = 0
+    """Resampled bid replies that did not parse (never used as a counterfactual bid)."""
     tied: int = 0
+    pairs: int = 0
 
     def as_metrics(self) -> dict[str, float]:
-        return {
-            "forks/made": float(self.made),
-            "forks/dropped": float(self.dropped),
-            "forks/tied": float(self.tied),
-            "forks/pairs": float(self.made - self.tied),
-        }
+        return {f"forks/{name}": float(value) for name, value in vars(self).items()}
+
+
+def forkable_steps(episode: Episode, fork_steps: str) -> list[StepRecord]:
+    """The contested steps of ``episode`` (with a snapshot) that ``fork_steps`` allows.
+
+    ``all``: every contested step (the paper's, which does not say more). ``until_last_reward``
+    [ours]: only those at or before the episode's last rewarded decision (all of them when the
+    episode earned nothing). After the last reward the recorded branch scores 0, and a single
+    change of actor there rarely earns anything either: most such forks tie and are dropped.
+    """
+    if fork_steps not in FORK_STEPS:
+        raise ValueError(f"rl.fork_steps={fork_steps!r}: choose one of {FORK_STEPS}")
+    contested = [s for s in episode.steps if s.contested and s.snapshot is not None]
+    rewarded = [s.decision for s in episode.steps if s.reward != 0.0]
+    if fork_steps == "all" or not rewarded:
+        return contested
+    return [s for s in contested if s.decision <= rewarded[-1]]
+
+
+def group_by(items, key) -> list[tuple]:
+    """``(key, [items with that key])`` in increasing key order, items in their given order."""
+    groups: dict = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return sorted(groups.items())
 
 
 class RolloutLoop:
@@ -134,32 +169,44 @@ class RolloutLoop:
         rng: random.Random,
         generator: torch.Generator,
         resample_temperature: float | None = None,
+        fork_steps: str = "all",
+        bid_resample: str = "rejection",
     ) -> tuple[list[PreferencePair], ForkStats]:
         """Counterfactual forks of contested steps (PAPER.md section 4) -> preference pairs.
 
-        For each chosen contested step: restore the world, resample the winner's bid up to
-        ``max_resamples`` times until it falls below the runner-up's, let the runner-up act,
-        roll the branch out with the current policies and compare the reward from that step
-        on with the recorded episode's. Ties and failed resamples are dropped and counted.
+        For each chosen contested step (``budget`` per episode, drawn uniformly among the steps
+        :func:`forkable_steps` allows): restore the world, resample the winner's bid up to
+        ``max_resamples`` times until a parsed resample falls below the runner-up's, let the
+        runner-up act, roll the branch out with the current policies and compare the reward
+        from that step on with the recorded episode's. Ties and failed resamples are dropped;
+        every stage is counted in the returned :class:`ForkStats`. ``bid_resample``: see
+        :data:`BID_RESAMPLING`.
         """
+        if bid_resample not in BID_RESAMPLING:
+            raise ValueError(f"rl.bid_resample={bid_resample!r}: choose one of {BID_RESAMPLING}")
         stats = ForkStats()
         chosen: list[tuple[Episode, StepRecord]] = []
         for episode in episodes:
-            contested = [s for s in episode.steps if s.contested and s.snapshot is not None]
-            stats.contested += len(contested)
-            for step in rng.sample(contested, min(budget, len(contested))):
+            stats.contested += sum(s.contested for s in episode.steps)
+            eligible = forkable_steps(episode, fork_steps)
+            stats.eligible += len(eligible)
+            for step in rng.sample(eligible, min(budget, len(eligible))):
                 chosen.append((episode, step))
+        stats.chosen = len(chosen)
         if not chosen:
             return [], stats
         envs = self._envs(len(chosen))
         for env, (_, step) in zip(envs, chosen, strict=True):
             env.restore(step.snapshot)
-        resampled = self._resample_bids(
-            envs, [step for _, step in chosen], max_resamples, generator, resample_temperature
-        )
+        steps = [step for _, step in chosen]
+        if bid_resample == "rejection":
+            resampled = self._resample_bids(
+                envs, steps, max_resamples, generator, resample_temperature, stats
+            )
+        else:
+            resampled = self._draw_bids_below(envs, steps, generator, resample_temperature)
         kept = [k for k, reply in enumerate(resampled) if reply is not None]
-        stats.dropped = len(chosen) - len(kept)
-        stats.made = len(kept)
+        stats.resampled_below = len(kept)
         if not kept:
             return [], stats
         branch_envs = [envs[k] for k in kept]
@@ -181,7 +228,29 @@ class RolloutLoop:
             pairs.append(
                 PreferencePair(step.actor, original.prompt_ids, better.reply_ids, worse.reply_ids)
             )
+        stats.pairs = len(pairs)
         return pairs, stats
+
+    def _draw_bids_below(
+        self,
+        envs: list[TextEnv],
+        steps: list[StepRecord],
+        generator: torch.Generator,
+        temperature: float | None,
+    ) -> list:
+        """Per fork, the winner's bid drawn among the levels below the runner-up's."""
+        found = [None] * len(steps)
+        for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
+            drawn = self.swarm.bid_below(
+                agent,
+                [envs[k] for k in ks],
+                [steps[k].runner_up_bid for k in ks],
+                generator,
+                temperature,
+            )
+            for k, reply in zip(ks, drawn, strict=True):
+                found[k] = reply
+        return found
 
     def _resample_bids(
         self,
@@ -190,19 +259,20 @@ class RolloutLoop:
         tries: int,
         generator: torch.Generator,
         temperature: float | None,
+        stats: ForkStats,
     ):
-        """Per fork, the first of ``tries`` resampled winner bids below the runner-up's, or None."""
+        """Per fork, the first of ``tries`` resampled winner bids that parsed and fell below the
+        runner-up's, or None. A malformed reply would count as bid 0 in the auction, but it is
+        no bid the policy could be taught to prefer: it never becomes a counterfactual."""
         found = [None] * len(steps)
-        by_winner: dict[int, list[int]] = {}
-        for k, step in enumerate(steps):
-            by_winner.setdefault(step.actor, []).append(k)
-        for agent, ks in sorted(by_winner.items()):
+        for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
             samples = self.swarm.bid(
                 agent, [envs[k] for k in ks], generator, copies=tries, temperature=temperature
             )
             for j, k in enumerate(ks):
-                for level, reply in samples[j * tries : (j + 1) * tries]:
-                    if level < steps[k].runner_up_bid:
-                        found[k] = reply
+                for bid in samples[j * tries : (j + 1) * tries]:
+                    stats.unparsed_resamples += not bid.parsed
+                    if bid.parsed and bid.level < steps[k].runner_up_bid:
+                        found[k] = bid.reply
                         break
         return found

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -14,6 +14,14 @@ class Reply:
     prompt_ids: list[int]
     reply_ids: list[int]
     text: str
+
+
+class Bid(NamedTuple):
+    """One bid reply: its level (0 when malformed), the reply, and whether it parsed."""
+
+    level: float
+    reply: Reply
+    parsed: bool
 
 
 @dataclass

@@ -13,8 +13,9 @@ import torch
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
+from bidswarm.envs.experts import format_bid
 from bidswarm.envs.base import TextEnv
-from bidswarm.rollout.records import Reply
+from bidswarm.rollout.records import Bid, Reply
 
 
 @dataclass
@@ -96,9 +97,9 @@ class Swarm:
         generator: torch.Generator,
         copies: int = 1,
         temperature: float | None = None,
-    ) -> list[tuple[float, Reply]]:
+    ) -> list[Bid]:
         """``agent``'s bid in each env (each prompt ``copies`` times, consecutive), sampled at
-        ``temperature`` (None: the swarm's)."""
+        ``temperature`` (None: the swarm's). A malformed reply bids 0 and is counted."""
         role = self.role(agent)
         prompts = [self.prompts.bid(role, env.observation(role)) for env in envs]
         prompts = [prompt for prompt in prompts for _ in range(copies)]
@@ -111,8 +112,51 @@ class Swarm:
             level, ok = parse_bid(reply.text, self.bid_levels)
             self.usage.bids_made += 1
             self.usage.bid_parse_failures += not ok
-            out.append((level, reply))
+            out.append(Bid(level, reply, ok))
         return out
+
+    def bid_below(
+        self,
+        agent: int,
+        envs: list[TextEnv],
+        ceilings: list[float],
+        generator: torch.Generator,
+        temperature: float | None = None,
+    ) -> list[Reply]:
+        """``agent``'s bid in each env drawn from its policy restricted to the well-formed levels
+        below ``ceilings[k]`` (each > the lowest level): P(level) is proportional to
+        pi(level reply | bid prompt) ** (1 / temperature). This is what rejection sampling of
+        bids "until one falls below" converges to with unlimited tries, without malformed
+        replies. The candidate replies are scored in one batch, counted as rollout tokens."""
+        role = self.role(agent)
+        policy = self.bid_population.agents[agent]
+        prompts = policy.encode_prompts(
+            [self.prompts.bid(role, env.observation(role)) for env in envs]
+        )
+        candidates = [[level for level in self.bid_levels if level < top] for top in ceilings]
+        if any(not levels for levels in candidates):
+            raise ValueError(f"no bid level lies below each of {ceilings}")
+        replies = {
+            level: policy.encode_reply(self.prompts.reply_text(format_bid(level)))
+            for level in self.bid_levels
+        }
+        rows = [(k, level) for k, levels in enumerate(candidates) for level in levels]
+        prompt_ids = [prompts[k] for k, _ in rows]
+        reply_ids = [replies[level] for _, level in rows]
+        with torch.no_grad():
+            logprobs, mask = policy.reply_token_logprobs(prompt_ids, reply_ids)
+        self._count_rollout(
+            agent, sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
+        )
+        scores = (logprobs * mask).sum(dim=1) / (temperature or self.temperature)
+        drawn, start = [], 0
+        for k, levels in enumerate(candidates):
+            weights = torch.softmax(scores[start : start + len(levels)], dim=0)
+            choice = int(torch.multinomial(weights, 1, generator=generator))
+            level = levels[choice]
+            drawn.append(Reply(agent, prompts[k], replies[level], format_bid(level)))
+            start += len(levels)
+        return drawn
 
     def act(self, agent: int, envs: list[TextEnv], generator: torch.Generator) -> list[Reply]:
         """``agent``'s action reply in each env."""
