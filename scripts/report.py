@@ -1,6 +1,6 @@
 """Compare strategies from MLflow: a markdown table and plots of a sweep or an experiment.
 
-    python scripts/report.py --experiment table1 --out outputs/reports/table1
+    python scripts/report.py --experiment tables --out outputs/reports/tables --results docs/results.md
     python scripts/report.py --parent <sweep parent run id> --out outputs/reports/sweep
     MLFLOW_TRACKING_URI=sqlite:////tmp/x.db python scripts/report.py --experiment bidswarm
 
@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +71,10 @@ class RunResult:
     """The ``seed`` the evaluated agents were trained with (None: unknown, left unpaired)."""
     world_rewards: dict[int, float] | None = None
     """Held-out mean reward per world id (None: the run logged none)."""
+    before_world_rewards: dict[int, float] | None = None
+    """A training run's held-out per-world rewards before RL (after SFT), if measured."""
+    participation: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``before`` / ``after`` -> role -> share of acting steps on the held-out worlds."""
 
 
 @dataclass
@@ -175,6 +182,14 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith("participation/"))
+    participation = {
+        when: {
+            key.rsplit("/", 1)[1]: value
+            for key, value in metrics.items()
+            if key.startswith(f"eval_{when}/participation/")
+        }
+        for when in ("before", "after")
+    }
     return RunResult(
         run.info.run_id,
         strategy,
@@ -184,12 +199,14 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         {key: history(client, run.info.run_id, key) for key in keys},
         training_seed=seed_of(run.data.params, run.info.run_name or ""),
         world_rewards=read_world_rewards(client, run.info.run_id, "eval_after"),
+        before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
+        participation=participation,
     )
 
 
 def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
     """Runs per strategy; when strategies differ, the overrides they all share
-    (``experiment=figure7``) are left out of their names."""
+    (``experiment=tables``) are left out of their names."""
     parts = [set(r.strategy.split(",")) - {DEFAULT_STRATEGY} for r in results]
     distinct = len({r.strategy for r in results}) > 1
     common = set.intersection(*parts) if parts and distinct else set()
@@ -313,6 +330,76 @@ def difference_table(differences: list[DifferenceRow], reference: str) -> str:
     return "\n".join(lines)
 
 
+def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per training strategy, held-out reward after RL minus after SFT, paired on the
+    same (training seed, world) cells (empty when no run measured both)."""
+    lines = [
+        "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
+        "SFT, paired on the same (training seed, world) cells; 95% CI by the two-way cluster "
+        "bootstrap.",
+        "",
+        "| strategy | after SFT | after RL | RL − SFT | 95% CI | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    found = False
+    for strategy, results in groups.items():
+        both = [r for r in results if r.world_rewards and r.before_world_rewards]
+        if not both:
+            continue
+        found = True
+        after = strategy_cells(both)
+        before = strategy_cells(
+            [
+                RunResult(
+                    r.run_id,
+                    r.strategy,
+                    None,
+                    None,
+                    None,
+                    training_seed=r.training_seed,
+                    world_rewards=r.before_world_rewards,
+                )
+                for r in both
+            ]
+        )
+        d = statistics.paired_difference(after, before, "after RL", "after SFT")
+        lines.append(
+            f"| {strategy} | {statistics.summarize(list(before.values())).mean:.2f} "
+            f"| {statistics.summarize(list(after.values())).mean:.2f} | {d.mean:+.2f} "
+            f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.verdict} |"
+        )
+    return "\n".join(lines) if found else ""
+
+
+def participation_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy and role, the held-out share of acting steps after SFT -> after
+    RL, averaged over the strategy's runs (the paper's participation shift)."""
+    rows = []
+    for strategy, results in groups.items():
+        measured = [
+            r for r in results if r.participation.get("before") and r.participation.get("after")
+        ]
+        if not measured:
+            continue
+        roles = sorted({role for r in measured for role in r.participation["after"]})
+        shifts = []
+        for role in roles:
+            before = sum(r.participation["before"].get(role, 0.0) for r in measured) / len(measured)
+            after = sum(r.participation["after"].get(role, 0.0) for r in measured) / len(measured)
+            shifts.append(f"{role} {100 * before:.0f}% → {100 * after:.0f}%")
+        rows.append(f"| {strategy} | {'; '.join(shifts)} | {len(measured)} |")
+    if not rows:
+        return ""
+    header = [
+        "Participation on the held-out worlds (share of acting steps per role), after SFT → "
+        "after RL, mean over runs.",
+        "",
+        "| strategy | participation | runs |",
+        "|---|---|---|",
+    ]
+    return "\n".join(header + rows)
+
+
 def verdict(rows: list[StrategyRow]) -> str:
     """One sentence: who wins and by how much (and whether the SEs overlap)."""
     if not rows:
@@ -410,6 +497,7 @@ def write_report(
     if len(rows) > 1:
         base = reference_strategy(rows, reference)
         sections.append(difference_table(paired_differences(rows, base), base))
+    sections += [table for table in (rl_gain_table(groups), participation_table(groups)) if table]
     sections += [
         "![reward vs training FLOPs](reward_vs_flops.png)",
         "![participation share per role](participation.png)",
@@ -434,10 +522,43 @@ def main(argv: list[str] | None = None) -> None:
         help=f"strategy the others are paired against (default: {DEFAULT_STRATEGY!r} when "
         "present, else the best)",
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="also put the report into this markdown file (e.g. docs/results.md), replacing "
+        "its section for this experiment or sweep; figures are copied beside it",
+    )
     args = parser.parse_args(argv)
     client = MlflowClient(tracking.tracking_uri(args.tracking_uri))
-    print(write_report(client, args.parent, args.experiment, args.out, args.reference))
+    text = write_report(client, args.parent, args.experiment, args.out, args.reference)
+    print(text)
     print(f"\n[bidswarm] report written to {args.out}/report.md")
+    if args.results is not None:
+        name = args.experiment or f"sweep-{args.parent}"
+        update_results(args.results, name, text, args.out, " ".join(sys.argv))
+        print(f"[bidswarm] section {name!r} of {args.results} updated")
+
+
+def update_results(results: Path, name: str, text: str, figures: Path, command: str) -> None:
+    """Replace (or append) the section of ``name`` in ``results``: the report's markdown, its
+    figures copied to ``results``'s folder as ``<name>_<figure>.png``, the command, the date."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    for figure in figures.glob("*.png"):
+        target = results.parent / "results" / f"{name}_{figure.name}"
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(figure, target)
+        text = text.replace(f"]({figure.name})", f"](results/{target.name})")
+    text = text.replace("# Strategy comparison", "## Strategy comparison", 1)
+    begin, end = f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+    section = f"{begin}\n{text}\n\nMade {time.strftime('%Y-%m-%d')} by `{command}`.\n{end}"
+    current = results.read_text() if results.exists() else ""
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        current = head + section + rest.split(end, 1)[1]
+    else:
+        current = current.rstrip() + ("\n\n" if current else "") + section + "\n"
+    results.write_text(current)
 
 
 if __name__ == "__main__":

@@ -29,26 +29,26 @@ def test_overrides_every_run_shares_do_not_name_a_strategy():
         report.RunResult(str(i), report.strategy_of(name), 1.0, 0.1, 1e9)
         for i, name in enumerate(
             [
-                "experiment=table1,seed=0",
-                "experiment=table1_monolithic,seed=0",
-                "experiment=table1,seed=1",
+                "experiment=tables,seed=0",
+                "experiment=tables_monolithic,seed=0",
+                "experiment=tables,seed=1",
             ]
         )
     ]
     assert sorted(report.group_by_strategy(runs)) == [
-        "experiment=table1",
-        "experiment=table1_monolithic",
+        "experiment=tables",
+        "experiment=tables_monolithic",
     ]
     same = [
-        report.RunResult("a", "experiment=figure7,ablation=none", 1.0, 0.1, 1e9),
-        report.RunResult("b", "experiment=figure7,ablation=random_credit", 1.0, 0.1, 1e9),
+        report.RunResult("a", "experiment=tables,ablation=none", 1.0, 0.1, 1e9),
+        report.RunResult("b", "experiment=tables,ablation=random_credit", 1.0, 0.1, 1e9),
     ]
     assert sorted(report.group_by_strategy(same)) == ["ablation=none", "ablation=random_credit"]
 
 
 def test_strategy_pools_seeds_and_evaluation_sizes():
     assert report.strategy_of("ablation=monolithic,seed=2") == "ablation=monolithic"
-    assert report.strategy_of("experiment=table1,seed=0") == "experiment=table1"
+    assert report.strategy_of("experiment=tables,seed=0") == "experiment=tables"
     assert report.strategy_of("eval coordination=agentnet,max_seeds=8") == "coordination=agentnet"
     assert report.strategy_of("default") == report.DEFAULT_STRATEGY
 
@@ -253,3 +253,44 @@ def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
         and "| 2 |" in shown.stdout
     )
     assert (out / "reward_vs_flops.png").exists() and (out / "participation.png").exists()
+
+
+def test_rl_gain_and_participation_shift_per_strategy():
+    worlds = range(6)
+    runs = []
+    for seed in (0, 1, 2):
+        run = trained("mpt", seed, {w: 10.0 + w + seed for w in worlds})
+        run.before_world_rewards = {w: 4.0 + w + seed for w in worlds}
+        run.participation = {
+            "before": {"logger": 0.8, "miner": 0.2},
+            "after": {"logger": 0.5, "miner": 0.5},
+        }
+        runs.append(run)
+    flat = trained("flat", 0, dict.fromkeys(worlds, 3.0))
+    flat.before_world_rewards = dict.fromkeys(worlds, 3.0)
+    groups = report.group_by_strategy([*runs, flat])
+    gains = report.rl_gain_table(groups)
+    assert "| mpt | 7.50 | 13.50 | +6.00 | +6.00 .. +6.00 | after RL > after SFT |" in gains
+    assert "| flat | 3.00 | 3.00 | +0.00 |" in gains and "no difference detected" in gains
+    shift = report.participation_table(groups)
+    assert "| mpt | logger 80% → 50%; miner 20% → 50% | 3 |" in shift
+    assert "flat" not in shift, "a run without participation metrics has no row"
+    assert report.rl_gain_table(report.group_by_strategy([trained("x", 0, {0: 1.0})])) == ""
+
+
+def test_results_file_sections_are_replaced_not_duplicated(tmp_path):
+    figures = tmp_path / "out"
+    figures.mkdir()
+    (figures / "participation.png").write_bytes(b"png")
+    results = tmp_path / "docs" / "results.md"
+    results.parent.mkdir()
+    results.write_text("# Results\n\nintro\n")
+    text = "# Strategy comparison (experiment `x`)\n\nold\n\n![p](participation.png)"
+    report.update_results(results, "x", text, figures, "python scripts/report.py --experiment x")
+    report.update_results(results, "x", text.replace("old", "new"), figures, "cmd")
+    report.update_results(results, "y", "other", figures, "cmd")
+    body = results.read_text()
+    assert body.startswith("# Results\n\nintro\n")
+    assert body.count("<!-- report:x -->") == 1 and "new" in body and "old" not in body
+    assert "](results/x_participation.png)" in body and "<!-- report:y -->" in body
+    assert (results.parent / "results" / "x_participation.png").read_bytes() == b"png"
