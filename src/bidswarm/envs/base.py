@@ -6,19 +6,34 @@ the world and a reward. The rollout loop, the scripted experts and the fork mach
 talk to a task through this interface.
 
 The fork contract (DESIGN.md): ``snapshot()`` returns plain data that holds **everything** that
-decides the future (world, inventory or pose, decision counter, metric state, RNG state), shares
-no mutable object with the live environment, and ``restore(state)`` brings the environment back
-to exactly that point, so that replaying the same actions gives the same observations and rewards.
+decides the future (world, inventory or pose, decision counter, metric state, RNG state, the
+shared memory's notes), shares no mutable object with the live environment, and
+``restore(state)`` brings the environment back to exactly that point, so that replaying the same
+actions gives the same observations and rewards.
+
+The shared memory (``task.memory``, ``envs/memory.py``) lives here, once for every task: a task
+draws what a role sees (``screen``) and carries out a reply (``act``); ``observation`` adds the
+notes the memory shows, ``step`` takes the note off the reply, records the step's reads and
+write, and spends a reply that is only a note as a turn (``note_turn``).
 """
 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
+
+from bidswarm.envs.memory import MemoryConfig, MemoryTrace, SharedMemory, split_note
 
 MONOLITHIC = None
 """``actor_role`` of a single agent that owns every role's actions (the monolithic baseline)."""
+MONOLITHIC_NAME = "monolithic"
+"""How prompts, messages, metrics, folders and ``coordination.name`` spell that agent."""
+
+
+def role_name(role: str | None) -> str:
+    """``role``, or :data:`MONOLITHIC_NAME` for the monolithic agent."""
+    return MONOLITHIC_NAME if role is MONOLITHIC else role
 
 
 @dataclass(frozen=True)
@@ -30,12 +45,14 @@ class StepResult:
     valid:   the reply parsed to an action the acting role owns; an invalid reply is a wasted
              turn, never an exception.
     message: feedback shown in the next observation ("'craft stone' is not an instruction ...").
+    memory:  the notes the actor read and the note it wrote (None when the memory is off).
     """
 
     reward: float
     done: bool
     valid: bool = True
     message: str = ""
+    memory: MemoryTrace | None = None
 
 
 @dataclass
@@ -47,6 +64,7 @@ class TaskConfig:
     n_train_seeds: int = 1000
     n_heldout_seeds: int = 32
     heldout_seed_offset: int = 1_000_000
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
 class TextEnv(abc.ABC):
@@ -57,6 +75,7 @@ class TextEnv(abc.ABC):
 
     def __init__(self, config: TaskConfig):
         self.config = config
+        self.memory = SharedMemory(config.memory)
 
     # -- seeds ---------------------------------------------------------------------------------
     def train_seeds(self) -> list[int]:
@@ -78,6 +97,16 @@ class TextEnv(abc.ABC):
     def role_description(self, role: str | None) -> str:
         """What ``role`` can do and the exact reply format of its actions (None: all roles)."""
 
+    @property
+    def memory_hint(self) -> str:
+        """What a role description adds when the memory is on: how to write a note."""
+        if not self.memory.enabled:
+            return ""
+        return (
+            f" You may end a reply with a note for the team (at most "
+            f"{self.config.memory.note_words} words): note: <text>."
+        )
+
     def vocabulary_texts(self) -> list[str]:
         """Text a tokenizer trained on the task's demonstrations should also know (default none).
 
@@ -92,13 +121,49 @@ class TextEnv(abc.ABC):
     def reset(self, seed: int) -> None:
         """Start a new episode in the world of ``seed``."""
 
-    @abc.abstractmethod
     def observation(self, role: str | None) -> str:
-        """The local context text of ``role`` (None: the monolithic agent) at this step."""
+        """The local context text of ``role`` (None: the monolithic agent) at this step: its
+        screen, then the notes the shared memory shows for it."""
+        screen = self.screen(role)
+        if not self.memory.enabled:
+            return screen
+        shown = self.memory.show(self.memory.read(screen))
+        return f"{screen}\n{shown}" if shown else screen
+
+    def step(self, actor_role: str | None, action: str) -> StepResult:
+        """Carry out ``action`` (raw model reply) by an agent of ``actor_role``.
+
+        With the memory on, a ``note:`` is taken off the reply and written after the action
+        (a reply that is only a note is a :meth:`note_turn`); the result's ``memory`` holds the
+        notes the actor's observation showed and the note written.
+        """
+        if not self.memory.enabled:
+            return self.act(actor_role, action)
+        reads = self.memory.read(self.screen(actor_role))
+        step_index = self.decisions_made
+        action, note = split_note(action)
+        if note is not None and not action:
+            result = self.note_turn(actor_role)
+        else:
+            result = self.act(actor_role, action)
+        wrote, cut = None, False
+        if note is not None:
+            writer = actor_role if actor_role is not None else "monolithic"
+            wrote, cut = self.memory.write(step_index, writer, note)
+        return replace(result, memory=MemoryTrace(reads, wrote, cut))
 
     @abc.abstractmethod
-    def step(self, actor_role: str | None, action: str) -> StepResult:
-        """Carry out ``action`` (raw model reply) by an agent of ``actor_role``."""
+    def screen(self, role: str | None) -> str:
+        """What ``role`` sees of the world now, without the memory's notes."""
+
+    @abc.abstractmethod
+    def act(self, actor_role: str | None, action: str) -> StepResult:
+        """Carry out ``action`` (the reply without its note) by an agent of ``actor_role``."""
+
+    @abc.abstractmethod
+    def note_turn(self, actor_role: str | None) -> StepResult:
+        """A reply that was only a note: the world does not advance, the budget does; a valid
+        turn (writing is every role's action)."""
 
     @abc.abstractmethod
     def skip(self) -> StepResult:

@@ -1,7 +1,8 @@
 """The fork-contract conformance check that every environment must pass (DESIGN.md).
 
 From random mid-episode states: take a snapshot, play a random continuation, restore, replay the
-same continuation: observations, rewards, ``done`` and metrics must be identical. The snapshot
+same continuation: observations, rewards, ``done``, metrics and the shared memory's reads and
+writes (``StepResult.memory``) must be identical. The snapshot
 must not alias live state: playing on after ``snapshot()`` must not change what it restores to.
 """
 
@@ -15,7 +16,19 @@ from bidswarm.envs.base import TextEnv
 
 
 def random_reply(env: TextEnv, role: str | None, rng: random.Random) -> str:
-    """A reply mixing expert moves, wasted turns and garbage, to reach varied states."""
+    """A reply mixing expert moves, wasted turns and garbage, to reach varied states; with the
+    shared memory on, some replies write a note (alone or after the action), some too long."""
+    reply = _random_action(env, role, rng)
+    if env.memory.enabled and rng.random() < 0.3:
+        note = " ".join(rng.choice(NOTE_WORDS) for _ in range(rng.randint(0, 12)))
+        reply = f"{reply if rng.random() < 0.5 else ''} note: {note}".strip()
+    return reply
+
+
+NOTE_WORDS = ("iron", "ore", "depth", "12", "page", "d0412", "kitchen", "left", "stone", "the")
+
+
+def _random_action(env: TextEnv, role: str | None, rng: random.Random) -> str:
     roll = rng.random()
     if roll < 0.6:
         return env.expert_action(role) or "pass"

@@ -14,7 +14,7 @@ import random
 import re
 from typing import Any
 
-from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
 
@@ -180,6 +180,7 @@ class CraftingEnv(TextEnv):
         self._done = False
         self.invalid_replies = 0
         self.frames_used = 0
+        self.memory.clear()
         self._touch()
 
     def _touch(self) -> None:
@@ -193,7 +194,7 @@ class CraftingEnv(TextEnv):
         return describe_task(self.config)
 
     def role_description(self, role: str | None) -> str:
-        return describe_role(role)
+        return describe_role(role) + self.memory_hint
 
     def _near(self) -> str:
         if self.depth == 0:
@@ -219,7 +220,7 @@ class CraftingEnv(TextEnv):
         reading a player has in the real game, where ores keep to their height ranges."""
         return self.depth >= self.iron_depth
 
-    def observation(self, role: str | None) -> str:
+    def screen(self, role: str | None) -> str:
         if self._observation is None:
             step = min(self._decisions + 1, self.config.max_decisions)
             events = "; ".join(self.history) or "nothing yet"
@@ -248,7 +249,17 @@ class CraftingEnv(TextEnv):
         self._touch()
         return StepResult(0.0, self._done)
 
-    def step(self, actor_role: str | None, action: str) -> StepResult:
+    def note_turn(self, actor_role: str | None) -> StepResult:
+        if self._done:
+            raise RuntimeError("step() after the episode ended; call reset()")
+        self._decisions += 1
+        self.history.append(f"{role_name(actor_role)} wrote a note")
+        del self.history[: -self.config.history_length or len(self.history)]
+        self._done = self._decisions >= self.config.max_decisions
+        self._touch()
+        return StepResult(0.0, self._done, True, "wrote a note")
+
+    def act(self, actor_role: str | None, action: str) -> StepResult:
         if self._done:
             raise RuntimeError("step() after the episode ended; call reset()")
         if actor_role not in self._allowed:
@@ -294,6 +305,8 @@ class CraftingEnv(TextEnv):
         metrics["decisions"] = float(self._decisions)
         metrics["invalid_replies"] = float(self.invalid_replies)
         metrics["frames"] = float(self.frames_used)
+        if self.memory.enabled:
+            metrics |= self.memory.metrics()
         return metrics
 
     # -- the skill model -------------------------------------------------------------------
@@ -499,6 +512,7 @@ class CraftingEnv(TextEnv):
             "history": tuple(self.history),
             "done": self._done,
             "counters": (self.invalid_replies, self.frames_used),
+            "memory": self.memory.state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -515,11 +529,20 @@ class CraftingEnv(TextEnv):
         self.history = list(state["history"])
         self._done = state["done"]
         self.invalid_replies, self.frames_used = state["counters"]
+        self.memory.load(state["memory"])
         self._touch()
 
     # -- scripted experts ------------------------------------------------------------------
     def expert_action(self, role: str | None) -> str | None:
-        return expert.expert_action(self, role)
+        """The plan's next step for ``role``; with the memory on, a Miner's instruction carries
+        a note of the ore in sight unless the observation's memo already shows it."""
+        action = expert.expert_action(self, role)
+        if action is None or not self.memory.enabled or action not in ROLE_INSTRUCTIONS["miner"]:
+            return action
+        note = expert.sighting_note(self)
+        if note is None or f": {note}" in self.observation(role):
+            return action
+        return f"{action} note: {note}"
 
     def expert_bid(self, role: str) -> float:
         return expert.expert_bid(self, role, self.config.expert_bids)

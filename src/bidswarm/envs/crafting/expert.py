@@ -160,6 +160,15 @@ def expert_action(env: PlanState, role: str | None) -> str | None:
     return None
 
 
+def sighting_note(env: PlanState) -> str | None:
+    """[ours] The note the experts write with a Miner's instruction when the memory is on: the
+    ore in sight and the depth (iron first), e.g. ``iron ore at depth 23``; None: none in sight."""
+    for count, ore in ((env.iron_seen, "iron ore"), (env.coal_seen, "coal ore")):
+        if count:
+            return f"{ore} at depth {env.depth}"
+    return None
+
+
 def expert_bid(env: PlanState, role: str, scheme: str = "graded") -> float:
     """How urgently ``role`` should act: 0 when the plan does not need it, else by how soon.
 

@@ -174,6 +174,12 @@ class MineStudioCraftingEnv(TextEnv):
         obs_size: tuple[int, int] = (128, 128),
     ):
         super().__init__(config)
+        if self.memory.enabled:
+            # Its forks replay the action prefix; the notes would need a snapshot of their own.
+            raise ValueError(
+                f"task.memory.size={config.memory.size}: the MineStudio adapter has no shared "
+                "memory; use 0"
+            )
         require_minestudio()
         from minestudio.models import SteveOnePolicy
 
@@ -240,7 +246,7 @@ class MineStudioCraftingEnv(TextEnv):
         self._done = False
         self.invalid_replies = 0
 
-    def observation(self, role: str | None) -> str:
+    def screen(self, role: str | None) -> str:
         return observation_text(
             len(self.prefix) + 1, self.config.max_decisions, self.counts, self.history
         )
@@ -264,7 +270,10 @@ class MineStudioCraftingEnv(TextEnv):
         self._finish_step()
         return StepResult(0.0, self._done)
 
-    def step(self, actor_role: str | None, action: str) -> StepResult:
+    def note_turn(self, actor_role: str | None) -> StepResult:
+        raise AssertionError("the MineStudio adapter refuses task.memory, so no reply is a note")
+
+    def act(self, actor_role: str | None, action: str) -> StepResult:
         who = actor_role or "agent"
         instruction = parse_instruction(action, self._allowed[actor_role])
         index = len(self.prefix)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 
-from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.navigation.actions import (
     MOVE_CENTIMETRES,
     ROLES,
@@ -51,7 +51,7 @@ class NavigationRules(TextEnv):
         }
         if role not in texts:
             raise ValueError(f"unknown navigation role {role!r}; roles are {ROLES}")
-        return texts[role]
+        return texts[role] + self.memory_hint
 
     @property
     def decisions_made(self) -> int:
@@ -78,6 +78,14 @@ class NavigationRules(TextEnv):
             return None, StepResult(0.0, self._done, valid=False, message=self._last)
         return command, None
 
+    def note_turn(self, actor_role: str | None) -> StepResult:
+        if self._done:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        self._decisions += 1
+        self._last = f"{role_name(actor_role)} wrote a note"
+        self._done = self._decisions >= self.config.max_decisions
+        return StepResult(0.0, self._done, message=self._last)
+
     def skip(self) -> StepResult:
         if self._done:
             return StepResult(0.0, True, valid=False, message="the episode is over")
@@ -90,6 +98,8 @@ class NavigationRules(TextEnv):
         metrics = self._metrics.summary(self._distance_to_goal, self._stopped)
         metrics["reward"] = self._total_reward
         metrics["decisions"] = float(self._decisions)
+        if self.memory.enabled:
+            metrics |= self.memory.metrics()
         return metrics
 
     @abc.abstractmethod

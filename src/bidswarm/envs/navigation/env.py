@@ -161,6 +161,7 @@ class NavigationEnv(NavigationRules):
             episode.reference, episode.shortest_distance, self.config.success_distance
         )
         self._metrics.start(episode.start)
+        self.memory.clear()
 
     @property
     def episode(self) -> Episode:
@@ -181,7 +182,7 @@ class NavigationEnv(NavigationRules):
         """Geodesic distance from the current position to the goal (metres)."""
         return self._distance_to_goal
 
-    def observation(self, role: str | None) -> str:
+    def screen(self, role: str | None) -> str:
         views = "; ".join(view.text for view in self._views())
         room = self._room_name()
         return f"go: {self.episode.instruction} in: {room}; {views}; last: {self._last}."
@@ -214,7 +215,7 @@ class NavigationEnv(NavigationRules):
             views.append(seen(label, distance, None if distance < WAYPOINT_TOLERANCE else relative))
         return views
 
-    def step(self, actor_role: str | None, action: str) -> StepResult:
+    def act(self, actor_role: str | None, action: str) -> StepResult:
         command, wasted = self._take_decision(actor_role, action)
         if wasted is not None:
             return wasted
@@ -284,6 +285,7 @@ class NavigationEnv(NavigationRules):
             "last": self._last,
             "distance_to_goal": self._distance_to_goal,
             "metrics": self._metrics.state(),
+            "memory": self.memory.state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -298,6 +300,7 @@ class NavigationEnv(NavigationRules):
         self._last = state["last"]
         self._distance_to_goal = state["distance_to_goal"]
         self._metrics.load(state["metrics"])
+        self.memory.load(state["memory"])
 
     # -- scripted experts ----------------------------------------------------------------------
     def expert_command(self) -> NavAction | None:

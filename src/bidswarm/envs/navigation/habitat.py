@@ -147,6 +147,11 @@ class HabitatNavigationEnv(NavigationRules):
 
     def __init__(self, config: HabitatNavigationConfig):
         super().__init__(config)
+        if self.memory.enabled:
+            raise ValueError(
+                f"task.memory.size={config.memory.size}: the Habitat adapter has no shared "
+                "memory; use 0"
+            )
         self.config: HabitatNavigationConfig = config
         habitat, habitat_sim = _import_habitat()
         self._quaternions = habitat_sim.utils.common
@@ -228,7 +233,7 @@ class HabitatNavigationEnv(NavigationRules):
         self._distance_to_goal = self._shortest
         self._views_cache = None
 
-    def observation(self, role: str | None) -> str:
+    def screen(self, role: str | None) -> str:
         instruction = self._env.current_episode.instruction.instruction_text.strip()
         return f"go: {instruction} {describe_views(self._views())}; last: {self._last}."
 
@@ -264,7 +269,7 @@ class HabitatNavigationEnv(NavigationRules):
             if obj is not None and obj.category is not None
         }
 
-    def step(self, actor_role: str | None, action: str) -> StepResult:
+    def act(self, actor_role: str | None, action: str) -> StepResult:
         command, wasted = self._take_decision(actor_role, action)
         if wasted is not None:
             return wasted

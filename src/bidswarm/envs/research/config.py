@@ -23,6 +23,7 @@ class ResearchConfig(TaskConfig):
     judge: ``match`` (normalised exact match or token F1 >= ``f1_threshold``) or ``llm``
         (an OpenAI-compatible endpoint at ``judge_url``; key from the environment variable
         named by ``judge_api_key_env``, never from the config).
+    private_results: see the field (the memory experiment's variant, docs/memory.md).
     """
 
     name: str = "research"
@@ -47,6 +48,10 @@ class ResearchConfig(TaskConfig):
     judge_api_key_env: str | None = None
     judge_retries: int = 2
     judge_timeout_s: float = 30.0
+    private_results: bool = False
+    """[ours] Each role sees only its own tool's latest result (the others see which call was
+    made, not what it returned) and the facts found are not listed: what one role learns reaches
+    another only through the shared memory, which it needs (``task.memory.size`` >= 1)."""
 
 
 def validate_research_config(config: ResearchConfig) -> None:
@@ -75,5 +80,9 @@ def validate_research_config(config: ResearchConfig) -> None:
         problems.append(f"task.f1_threshold={config.f1_threshold} must be in (0, 1]")
     if config.judge_retries < 0:
         problems.append(f"task.judge_retries={config.judge_retries} must be >= 0")
+    if config.private_results and config.memory.size < 1:
+        problems.append(
+            "task.private_results=True needs the shared memory: set task.memory.size >= 1"
+        )
     if problems:
         raise ValueError("; ".join(problems))

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.research.config import ResearchConfig, validate_research_config
 from bidswarm.envs.research.corpus import (
     Document,
@@ -47,6 +48,8 @@ MESSAGE_WORDS = 12
 TITLE_WORDS = 6
 FIND_MATCHES_SHOWN = 2
 EXPERT_BID = 0.8
+SEARCH_CALL = re.compile(r"browser\.search\((.*)\)$")
+"""A search call on the ``Team`` line (lower case), and its query."""
 
 ROLE_TOOLS = {
     "searcher": "browser.search(query): ranked ids, titles and snippets of corpus pages",
@@ -130,6 +133,12 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
     return data
 
 
+def _is_number(text: str) -> bool:
+    """Whether ``int(text)`` reads a model's reply: decimal digits only (``isdigit`` also
+    accepts ``²``, which ``int`` refuses), and few (``int`` refuses more than 4300)."""
+    return text.isdecimal() and len(text) <= 9
+
+
 class ResearchEnv(TextEnv):
     """Multi-hop question answering over an offline corpus with three browser roles."""
 
@@ -177,10 +186,10 @@ class ResearchEnv(TextEnv):
 
     def role_description(self, role: str | None) -> str:
         if role is None:
-            return "You own every tool. " + "; ".join(ROLE_TOOLS.values()) + "."
+            return "You own every tool. " + "; ".join(ROLE_TOOLS.values()) + "." + self.memory_hint
         if role not in ROLE_TOOLS:
             raise ValueError(f"unknown role {role!r}; roles are {self.roles}")
-        return f"You are the {role}. Your tools: {ROLE_TOOLS[role]}."
+        return f"You are the {role}. Your tools: {ROLE_TOOLS[role]}." + self.memory_hint
 
     def vocabulary_texts(self) -> list[str]:
         """Every page of the corpus: a tokenizer built for a model trained from scratch then
@@ -212,7 +221,10 @@ class ResearchEnv(TextEnv):
             "reward": 0.0,
             "invalid_turns": 0,
             "judge_failures": 0,
+            "last_call": "",
+            "last_caller": None,
         }
+        self.memory.clear()
 
     def _question_index(self, seed: int) -> int:
         offset = self.config.heldout_seed_offset
@@ -225,10 +237,12 @@ class ResearchEnv(TextEnv):
         split = self.data.heldout if self._state["heldout"] else self.data.train
         return split[self._state["question_index"]]
 
-    def observation(self, role: str | None) -> str:
+    def screen(self, role: str | None) -> str:
         """Question, turn, open page (id, title), facts found, notes, last tool result and
-        message: < 80 words."""
-        del role  # the browser is shared: every role sees the same screen
+        message: < 80 words with the memory's notes. The browser is shared: every role sees the
+        same screen, except with ``private_results``: then ``Team`` says which call was made last,
+        ``Last`` shows its result only to the role that made it (and to the monolithic agent,
+        who owns every tool), and the facts found are not listed."""
         s = self._state
         page = "none"
         if s["open_doc"] is not None:
@@ -241,15 +255,41 @@ class ResearchEnv(TextEnv):
             f"Turn {s['decisions'] + 1}/{self.config.max_decisions}. Page: {page}. "
             f"Facts: {len(s['notes'])}.",
         ]
-        notes = s["notes"][:-1] if s["last_was_find"] else s["notes"]
-        if notes:
-            head.append(f"Notes: {truncate_words(notes[-1], NOTE_WORDS)}")
+        last = s["last_result"]
+        if self.config.private_results:
+            if s["last_call"]:
+                head.append(f"Team: {s['last_call']}")
+            if role is not None and role != s["last_caller"]:
+                last = "nothing new"
+        else:
+            notes = s["notes"][:-1] if s["last_was_find"] else s["notes"]
+            if notes:
+                head.append(f"Notes: {truncate_words(notes[-1], NOTE_WORDS)}")
         tail = [f"Msg: {truncate_words(s['message'], MESSAGE_WORDS)}"] if s["message"] else []
-        used = sum(len(line.split()) for line in head + tail) + 1
-        last = truncate_words(s["last_result"], max(MAX_OBSERVATION_WORDS - used, 4))
+        used = sum(len(line.split()) for line in head + tail) + 1 + self._memo_words()
+        last = truncate_words(last, max(MAX_OBSERVATION_WORDS - used, 4))
         return "\n".join([*head, f"Last: {last}", *tail])
 
-    def step(self, actor_role: str | None, action: str) -> StepResult:
+    def _memo_words(self) -> int:
+        """Words the memory's line can take: ``Memo:``, and per note its writer, its words and
+        a separator."""
+        if not self.memory.enabled:
+            return 0
+        memory = self.config.memory
+        return 1 + memory.top_k * (memory.note_words + 2)
+
+    def note_turn(self, actor_role: str | None) -> StepResult:
+        s = self._state
+        if s["done"]:
+            return StepResult(0.0, True, valid=False, message="the episode is over")
+        s["decisions"] += 1
+        s["message"] = ""
+        s["last_call"] = f"{role_name(actor_role)} wrote a note"
+        s["last_caller"] = actor_role
+        self._end_if_out_of_budget()
+        return StepResult(0.0, s["done"], valid=True)
+
+    def act(self, actor_role: str | None, action: str) -> StepResult:
         s = self._state
         if s["done"]:
             return StepResult(0.0, True, valid=False, message="the episode is over")
@@ -273,6 +313,8 @@ class ResearchEnv(TextEnv):
             outcome = None
         if outcome is not None:
             return self._wasted(outcome)
+        s["last_call"] = f"{role_name(actor_role)} {call.tool}({call.argument})"
+        s["last_caller"] = actor_role
         self._end_if_out_of_budget()
         return StepResult(reward, s["done"], valid=True)
 
@@ -303,7 +345,7 @@ class ResearchEnv(TextEnv):
             "judge_failures": float(s["judge_failures"]),
             "invalid_turns": float(s["invalid_turns"]),
             "hops_found": float(s["hops_found"]),
-        }
+        } | (self.memory.metrics() if self.memory.enabled else {})
 
     # -- tools ---------------------------------------------------------------------------------
     def _wasted(self, message: str) -> StepResult:
@@ -338,7 +380,7 @@ class ResearchEnv(TextEnv):
         s = self._state
         target, _, page_arg = call.argument.partition(",")
         target = target.strip().strip("\"'")
-        if target.isdigit():
+        if _is_number(target):
             rank = int(target)
             if not 1 <= rank <= len(s["results"]):
                 return f"no search result [{rank}]; search first or open a page id"
@@ -351,7 +393,7 @@ class ResearchEnv(TextEnv):
         total = page_count(document.text, self.config.page_words)
         page = 1
         if page_arg.strip():
-            if not page_arg.strip().isdigit() or not 1 <= int(page_arg) <= total:
+            if not _is_number(page_arg.strip()) or not 1 <= int(page_arg) <= total:
                 return f"{document.id} has pages 1 to {total}"
             page = int(page_arg)
         s["open_doc"], s["page"], s["last_was_find"] = position, page - 1, False
@@ -408,10 +450,11 @@ class ResearchEnv(TextEnv):
 
     # -- fork contract -------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        return copy.deepcopy(self._state)
+        return {"state": copy.deepcopy(self._state), "memory": self.memory.state()}
 
     def restore(self, state: dict[str, Any]) -> None:
-        self._state = copy.deepcopy(state)
+        self._state = copy.deepcopy(state["state"])
+        self.memory.load(state["memory"])
 
     # -- scripted experts ----------------------------------------------------------------------
     def _next_expert_step(self) -> tuple[str, str] | None:
@@ -434,6 +477,11 @@ class ResearchEnv(TextEnv):
             return self._next_step_without_hops()
         screen = self.observation(None).lower()
         found = len(s["notes"])
+        if self.memory.enabled and 0 < found < len(hops):
+            # The Finder notes the fact it just found for the steps after [ours].
+            value = hops[found - 1].answer.lower()
+            if value in _line(screen, "last: ") and value not in _line(screen, "memo: "):
+                return "finder", f"note: {hops[found - 1].answer}"
         if found >= len(hops):
             answer = hops[-1].answer
             return ("finder", f"answer({answer})") if answer.lower() in screen else None
@@ -458,12 +506,62 @@ class ResearchEnv(TextEnv):
             return "opener", "browser.open(1)"
         return None
 
+    def _private_expert_reply(self, role: str | None) -> str | None:
+        """With ``private_results``: ``role``'s next reply, decided from its own observation
+        (the monolithic agent: the first of the Finder's, Searcher's and Opener's rules that
+        applies to its view). The hop reached is ``Facts``; its subject is in the question
+        (first hop) or in the memo (a later one: the Finder noted it); the Opener opens the top
+        search result once ``Team`` shows a search for a page that is not open; the Finder finds
+        on the subject's page, notes what it found (``Last``) unless the memo shows it, and
+        answers from ``Last``."""
+        s = self._state
+        hops = self.question.hops
+        if s["done"] or not hops:
+            return None
+        screen = self.observation(role).lower()
+        last, memo = _line(screen, "last: "), _line(screen, "memo: ")
+        found = len(s["notes"])
+        rules: list[str | None] = []
+        if role in ("finder", None):
+            if found == len(hops):
+                answer = hops[-1].answer
+                rules.append(f"answer({answer})" if answer.lower() in last else None)
+            elif s["open_doc"] == self.data.position[hops[found].doc_id]:
+                rules.append(f"browser.find({hops[found].pattern})")
+            elif found and hops[found - 1].answer.lower() in last:
+                value = hops[found - 1].answer
+                rules.append(None if value.lower() in memo else f"note: {value}")
+        team = _line(screen, "team: ")
+        page = s["open_doc"]
+        if role in ("searcher", None) and found < len(hops):
+            subject = hops[found].subject
+            where = _line(screen, "q: ") if found == 0 else memo
+            searched = team.endswith(f"browser.search({subject.lower()})")
+            opened = page == self.data.position[hops[found].doc_id]
+            if subject.lower() in where and not searched and not opened:
+                rules.append(f"browser.search({subject})")
+        if role in ("opener", None) and found < len(hops):
+            query = SEARCH_CALL.search(team)
+            title = self.data.documents[page].title.lower() if page is not None else None
+            if query is not None and query[1] != title:
+                rules.append("browser.open(1)")
+        return next((rule for rule in rules if rule is not None), None)
+
     def expert_action(self, role: str | None) -> str | None:
+        if self.config.private_results:
+            return self._private_expert_reply(role)
         step = self._next_expert_step()
         if step is None or (role is not None and role != step[0]):
             return None
         return step[1]
 
     def expert_bid(self, role: str) -> float:
+        if self.config.private_results:
+            return EXPERT_BID if self._private_expert_reply(role) is not None else 0.0
         step = self._next_expert_step()
         return EXPERT_BID if step is not None and step[0] == role else 0.0
+
+
+def _line(screen: str, prefix: str) -> str:
+    """The line of ``screen`` that starts with ``prefix`` ("" when there is none)."""
+    return next((line for line in screen.splitlines() if line.startswith(prefix)), "")
