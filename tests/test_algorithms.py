@@ -165,7 +165,13 @@ def test_reward_to_go_equals_bucket_brigade_with_every_bid_passing_all_upstream(
 
 def test_credit_rules_share_one_signature() -> None:
     rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    assert set(CREDIT_RULES) == {"bucket_brigade", "random", "episode_return", "reward_to_go"}
+    assert set(CREDIT_RULES) == {
+        "bucket_brigade",
+        "random",
+        "episode_return",
+        "reward_to_go",
+        "memory_tree",
+    }
     assert CREDIT_RULES["reward_to_go"](
         rewards, bids, random.Random(0), BID_LEVELS
     ) == reward_to_go_credit(rewards)

@@ -3,7 +3,8 @@
 Every rule takes the ACTING steps of one episode in order (skipped steps already dropped by
 the caller) and returns ``(credits, discarded)``: one credit per acting step and the part of
 the return that no step keeps. ``CREDIT_RULES`` maps the ``credit`` config names to one
-uniform signature so that the training loop does not branch on the rule.
+uniform signature so that the training loop does not branch on the rule; ``make_credit_rule``
+builds a rule with its parameters (only ``memory_tree`` has any).
 """
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+from bidswarm.algorithms.memory_tree import MemoryTreeCredit, ReadEdge, memory_tree_credit
+
+Reads = Sequence[Sequence[ReadEdge]]
+"""Per acting step, the shared memory's notes its actor read (empty without a memory)."""
 
 
 class CreditRule(Protocol):
-    """Uniform signature of a credit rule: ``(rewards, bids, rng, levels) -> (credits, lost)``."""
+    """Uniform signature of a credit rule:
+    ``(rewards, bids, rng, levels, reads) -> (credits, lost)``."""
 
     def __call__(
         self,
@@ -23,6 +31,7 @@ class CreditRule(Protocol):
         bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
+        reads: Reads = (),
     ) -> tuple[list[float], float]: ...
 
 
@@ -125,6 +134,7 @@ def _bucket_brigade_rule(
     bids: Sequence[float],
     rng: random.Random,
     levels: Sequence[float],
+    reads: Reads = (),
 ) -> tuple[list[float], float]:
     return bucket_brigade_credit(rewards, bids)
 
@@ -134,6 +144,7 @@ def _random_rule(
     bids: Sequence[float],
     rng: random.Random,
     levels: Sequence[float],
+    reads: Reads = (),
 ) -> tuple[list[float], float]:
     return random_bid_credit(rewards, rng, levels)
 
@@ -143,6 +154,7 @@ def _episode_return_rule(
     bids: Sequence[float],
     rng: random.Random,
     levels: Sequence[float],
+    reads: Reads = (),
 ) -> tuple[list[float], float]:
     return episode_return_credit(rewards)
 
@@ -152,8 +164,56 @@ def _reward_to_go_rule(
     bids: Sequence[float],
     rng: random.Random,
     levels: Sequence[float],
+    reads: Reads = (),
 ) -> tuple[list[float], float]:
     return reward_to_go_credit(rewards)
+
+
+TREE_BASES = ("bucket_brigade", "episode_return", "reward_to_go")
+"""Rules whose credits can root the memory's trees (deterministic, so diagnostics can replay
+them)."""
+
+
+@dataclass(frozen=True)
+class MemoryTreeRule:
+    """``credit=memory_tree`` (seed 002, ``algorithms/memory_tree.py``): the ``base`` rule's
+    credits are the roots of contribution trees over the shared memory's reads; a share
+    ``memory_share`` of a step's credit goes down its read edges to the notes' writers
+    (weights softmax(score / ``temperature``)), recursively to ``max_depth``."""
+
+    base: str = "bucket_brigade"
+    memory_share: float = 0.5
+    temperature: float = 1.0
+    max_depth: int = 2
+
+    def __post_init__(self) -> None:
+        if self.base not in TREE_BASES:
+            raise ValueError(f"credit.base={self.base!r}: choose one of {list(TREE_BASES)}")
+
+    def tree(
+        self,
+        rewards: Sequence[float],
+        bids: Sequence[float],
+        rng: random.Random,
+        levels: Sequence[float],
+        reads: Reads = (),
+    ) -> tuple[MemoryTreeCredit, float]:
+        """The trees' credits (with what reached writers) and the base rule's discarded part."""
+        roots, lost = CREDIT_RULES[self.base](rewards, bids, rng, levels)
+        reads = reads or [[] for _ in roots]
+        tree = memory_tree_credit(roots, reads, self.memory_share, self.temperature, self.max_depth)
+        return tree, lost
+
+    def __call__(
+        self,
+        rewards: Sequence[float],
+        bids: Sequence[float],
+        rng: random.Random,
+        levels: Sequence[float],
+        reads: Reads = (),
+    ) -> tuple[list[float], float]:
+        tree, lost = self.tree(rewards, bids, rng, levels, reads)
+        return tree.credits, lost
 
 
 CREDIT_RULES: dict[str, CreditRule] = {
@@ -161,4 +221,18 @@ CREDIT_RULES: dict[str, CreditRule] = {
     "random": _random_rule,
     "episode_return": _episode_return_rule,
     "reward_to_go": _reward_to_go_rule,
+    "memory_tree": MemoryTreeRule(),
 }
+"""Every ``credit.name``; ``memory_tree`` here with its default parameters."""
+
+
+def make_credit_rule(name: str, **parameters: float | int | str) -> CreditRule:
+    """The rule ``credit.name`` names, with the ``credit`` config's other fields as its
+    parameters (only ``memory_tree`` takes any)."""
+    if name not in CREDIT_RULES:
+        raise ValueError(f"credit.name={name!r}: choose one of {sorted(CREDIT_RULES)}")
+    if name == "memory_tree":
+        return MemoryTreeRule(**parameters)
+    if parameters:
+        raise ValueError(f"credit={name} takes no parameters, got {sorted(parameters)}")
+    return CREDIT_RULES[name]
