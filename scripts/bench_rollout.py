@@ -29,7 +29,7 @@ from bidswarm.config import ModelConfig
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import play_expert_episode
-from bidswarm.run import action_token_budget
+from bidswarm.run import action_token_budget, budget_worlds, expert_demonstrations
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -150,7 +150,8 @@ def bench_model(name: str, n_envs: int, rounds: int, naive_envs: int) -> dict[st
     population.eval()
     template = PromptTemplate.for_env(env, cfg.prompt_style, population[0].tokenizer, LEVELS)
     progress(f"{name}: built {len(population)} agents in {time.perf_counter() - started:.1f}s")
-    budget = action_token_budget(cfg.max_action_tokens, env, template, population[0].tokenizer)
+    demos = expert_demonstrations(env, budget_worlds(env), LEVELS)
+    budget = action_token_budget(cfg.max_action_tokens, demos, template, population[0].tokenizer)
     bench = Bench(population, template, cfg, budget)
     bench.batched_step(bench.fresh_envs(2))  # warm-up (allocator, kernels)
     batched, naive = compare_paths(bench, n_envs, naive_envs, rounds)

@@ -42,7 +42,6 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from bidswarm import statistics, tracking
-from bidswarm.rollout.metrics import mean_and_se
 
 POOLED_KEYS = (
     "seed",
@@ -420,8 +419,8 @@ def verdict(rows: list[StrategyRow]) -> str:
 def aligned_mean_and_se(series: list[list[float]]) -> tuple[list[float], list[float]]:
     """Per index over runs (truncated to the shortest): mean and SE across runs."""
     length = min(len(s) for s in series)
-    stats = [mean_and_se([s[i] for s in series]) for i in range(length)]
-    return [m for m, _ in stats], [e for _, e in stats]
+    stats = [statistics.summarize([s[i] for s in series]) for i in range(length)]
+    return [s.mean for s in stats], [s.se for s in stats]
 
 
 def plot_reward_vs_flops(groups: dict[str, list[RunResult]], path: Path) -> Path:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bidswarm.agents.models import load_model_and_tokenizer
-from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
@@ -113,7 +113,7 @@ def test_parse_bid(text, expected):
 def test_compact_prompts_are_short_and_name_role_and_kind(template, agent):
     bid = template.bid("miner", OBSERVATIONS[0])
     assert bid == f"<s>miner bid: {OBSERVATIONS[0]} ->"
-    assert template.action(None, OBSERVATIONS[0]).startswith("<s>team act: ")
+    assert template.action(None, OBSERVATIONS[0]).startswith("<s>monolithic act: ")
     assert template.reply_text("mine stone") == " mine stone"
     ids = agent.encode_prompts([bid])[0]
     assert ids[0] == agent.tokenizer.bos_token_id
@@ -123,7 +123,7 @@ def test_compact_prompts_are_short_and_name_role_and_kind(template, agent):
 def test_chat_style_needs_a_chat_template(agent):
     with pytest.raises(ValueError, match="chat template"):
         PromptTemplate("chat", "task", {None: "all"}, tuple(LEVELS), agent.tokenizer)
-    with pytest.raises(ValueError, match="prompt_style"):
+    with pytest.raises(ValueError, match="PromptStyle"):  # the config refuses it first
         PromptTemplate("verbose", "task", {None: "all"}, tuple(LEVELS), agent.tokenizer)
 
 
@@ -131,7 +131,7 @@ def test_chat_style_needs_a_chat_template(agent):
 def test_model_sources_fail_clearly():
     with pytest.raises(ValueError, match="corpus"):
         load_model_and_tokenizer(tiny_config(), None)
-    with pytest.raises(ValueError, match="source"):
+    with pytest.raises(ValueError, match="ModelSource"):  # the config refuses it first
         load_model_and_tokenizer(ModelConfig(name="x", source="magic"), None)
     missing = ModelConfig(name="x", source="hub", path="/nonexistent/model-folder")
     with pytest.raises(FileNotFoundError, match="/nonexistent/model-folder"):
@@ -323,7 +323,51 @@ def test_derived_action_budget_fits_every_expert_reply(task):
     seeds = env.train_seeds()[:BUDGET_EPISODES]
     demos = [demo for demo in expert_demonstrations(env, seeds, LEVELS) if demo.kind == "action"]
     tokenizer = build_tokenizer(template.demonstration_texts(demos), 512)
-    budget = action_token_budget(None, env, template, tokenizer)
+    budget = action_token_budget(None, demos, template, tokenizer)
     lengths = [len(tokenizer(template.reply_text(demo.reply))["input_ids"]) for demo in demos]
     assert budget == max(lengths) + REPLY_TOKEN_MARGIN
-    assert action_token_budget(5, env, template, tokenizer) == 5  # an explicit cap is kept
+    assert action_token_budget(5, demos, template, tokenizer) == 5  # an explicit cap is kept
+
+
+def test_micro_batches_bound_the_padded_tokens_of_a_forward():
+    lengths = [5, 3, 8, 2, 2, 9, 1, 20]
+    parts = micro_batches(lengths, 16)
+    assert [list(part) for part in parts] == [[0, 1], [2, 3], [4], [5], [6], [7]]
+    assert all(len(p) * max(lengths[i] for i in p) <= 16 for p in parts[:-1])
+    assert parts[-1] == range(7, 8)  # longer than the budget: it cannot be split, it goes alone
+    assert micro_batches(lengths, None) == [range(8)] and micro_batches([], 4) == []
+
+
+def test_sequence_logprobs_in_micro_batches_equal_one_forward(agent, template):
+    prompts = agent.encode_prompts([template.action("logger", o) for o in OBSERVATIONS])
+    replies = [agent.encode_reply(" chop a tree"), agent.encode_reply(" mine stone"), []]
+    replies = (replies * len(prompts))[: len(prompts)]
+    whole, lengths = agent.sequence_logprobs(prompts, replies, temperature=0.7)
+    widest = max(len(p) + len(r) for p, r in zip(prompts, replies, strict=True))
+    split, split_lengths = agent.sequence_logprobs(prompts, replies, 0.7, token_budget=widest)
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+    assert lengths.tolist() == split_lengths.tolist() == [float(len(r)) for r in replies]
+
+
+def test_expert_episodes_are_played_once_at_start_up(monkeypatch):
+    from omegaconf import OmegaConf
+
+    import bidswarm.run as run
+
+    played = []
+    real = run.play_expert_episode
+    monkeypatch.setattr(
+        run,
+        "play_expert_episode",
+        lambda env, seed, levels: played.append(seed) or real(env, seed, levels),
+    )
+    env_type = env_class("crafting")
+    env = env_type(env_type.Config(max_decisions=8))
+    cfg = OmegaConf.create(
+        {"seed": 0, "sft": {"demo_episodes": 20}, "coordination": {"bid_levels": LEVELS}}
+    )
+    sft, budget = run.start_demonstrations(env, cfg)
+    worlds = run.demonstration_worlds(env, cfg) + run.budget_worlds(env)
+    assert sorted(played) == sorted(set(worlds)) and len(played) == len(set(played))
+    assert sft == run.expert_demonstrations(env, run.demonstration_worlds(env, cfg), LEVELS)
+    assert budget == run.expert_demonstrations(env, run.budget_worlds(env), LEVELS)

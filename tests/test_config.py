@@ -92,7 +92,6 @@ def test_wrong_type_fails_naming_the_key():
         ("coordination.replicas=0", "coordination.replicas"),
         ("task.name=chess", "task.name"),
         ("credit.name=magic", "credit.name"),
-        ("rl.loss_normalization=max", "rl.loss_normalization"),
         ("rl.envs_per_update=0", "rl.envs_per_update"),
         ("sft.bid_fraction=0", "sft.bid_fraction"),
     ],
@@ -101,3 +100,41 @@ def test_invalid_value_fails_before_any_model_loads(override, key):
     cfg = compose_train([override])
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         validate(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rl.loss_normalization=max", "rl.loss_normalization"),
+        ("rl.fork_steps=sometimes", "rl.fork_steps"),
+        ("rl.bid_resample=never", "rl.bid_resample"),
+        ("model.source=magic", "model.source"),
+        ("model.dtype=int8", "model.dtype"),
+        ("model.prompt_style=verbose", "model.prompt_style"),
+    ],
+)
+def test_a_value_outside_a_fixed_set_fails_at_composition_naming_the_key(override, key):
+    """Fixed value sets are enums of the schema: checked once, when the config is composed."""
+    with pytest.raises((ConfigCompositionException, ValidationError)) as error:
+        compose_train([override])
+    message = f"{error.value}\n{error.value.__cause__}"
+    assert key in message and "expected one of" in message
+
+
+def test_the_smoke_profile_is_sized_per_model():
+    tiny = compose_train(["debug=smoke"])
+    smol = compose_train(["debug=smoke", "model=smollm2_135m"])
+    validate(smol)
+    assert tiny.sft.demo_episodes == 6 and smol.sft.demo_episodes < tiny.sft.demo_episodes
+    assert smol.rl.micro_batch_tokens == smol.model.micro_batch_tokens < tiny.rl.micro_batch_tokens
+    assert compose_train(["debug=smoke", "model=smollm2_135m", "sft.epochs=3"]).sft.epochs == 3
+
+
+def test_trainer_deterministic_reaches_the_trainer(tmp_path):
+    from types import SimpleNamespace
+
+    from bidswarm.run import Run
+
+    cfg = compose_train(["trainer.deterministic=true"])
+    run = SimpleNamespace(cfg=cfg, logger=None, run_dir=tmp_path)
+    assert Run.trainer_kwargs(run)["deterministic"] is True

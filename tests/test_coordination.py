@@ -1,4 +1,5 @@
-"""Coordination rules beyond the auction: Graph-of-Agents and AgentNet, on tiny real agents."""
+"""Coordination rules as pure decisions (no model anywhere in the first part), and the rollout
+loop sampling exactly what each rule declares it needs (tiny real agents)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
@@ -14,22 +16,164 @@ from bidswarm.config import ModelConfig, TinyArchConfig, register_configs
 from bidswarm.coordination import RULES, make_coordination
 from bidswarm.coordination.agentnet import (
     AgentNet,
+    AgentNetConfig,
     SuccessMemory,
     observation_tokens,
     token_overlap,
 )
-from bidswarm.coordination.base import Decision
+from bidswarm.coordination.auction import Auction
+from bidswarm.coordination.base import Decision, Situation
+from bidswarm.coordination.fixed import Monolithic, RoundRobin
 from bidswarm.coordination.graph_of_agents import GraphOfAgents, best_proposal, peer_scores
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.records import Episode
 from bidswarm.rollout.swarm import Swarm
 from conftest import CONF
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
 
+def situation(decision: int = 0, n: int = 3, **fields) -> Situation:
+    return Situation(n_agents=n, decision=decision, **fields)
+
+
+# -- registry and configs ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_every_rule_is_selectable_from_the_config(name):
+    register_configs()
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[f"coordination={name}"])
+    assert cfg.coordination.name == name
+    rule = make_coordination(OmegaConf.to_object(cfg.coordination))
+    assert type(rule) is RULES[name]
+
+
+def test_agentnet_reads_its_thresholds_and_memory_size_from_its_yaml():
+    register_configs()
+    overrides = ["coordination=agentnet", "coordination.keep_bid=0.8", "coordination.neighbours=3"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    config = OmegaConf.to_object(cfg.coordination)
+    assert isinstance(config, AgentNetConfig)
+    rule = make_coordination(config)
+    assert rule.keep_bid == 0.8 and rule.memory.neighbours == 3
+    assert rule.memory.entries.maxlen == config.memory_size == 2048
+
+
+def test_what_each_rule_asks_the_collector_for():
+    assert [n for n, r in sorted(RULES.items()) if r.asks_bids] == ["agentnet", "auction"]
+    assert [n for n, r in RULES.items() if r.asks_proposals] == ["graph_of_agents"]
+    assert [n for n, r in RULES.items() if r.reads_observations] == ["agentnet"]
+    assert [n for n, r in RULES.items() if r.makes_contested_steps] == ["auction"]
+    assert [n for n, r in RULES.items() if r.monolithic] == ["monolithic"]
+
+
+# -- the auction (Eq. 1) -----------------------------------------------------------------------
+def test_auction_asks_every_agent_and_decides_from_the_parsed_bids():
+    rule = Auction()
+    assert rule.bidders(situation(n=3)) == [0, 1, 2]
+    bids = [{0: 0.2, 1: 0.8, 2: 0.4}, {0: 0.0, 1: 0.0, 2: 0.0}, {0: 0.6, 1: 0.0, 2: 0.0}]
+    decisions = rule.decide([situation(bids=b) for b in bids], random.Random(0))
+    assert decisions[0] == Decision(actor=1, winning_bid=0.8, runner_up=2, runner_up_bid=0.4)
+    assert decisions[0].contested
+    assert decisions[1].actor is None and not decisions[1].contested  # all zero: skipped
+    assert decisions[2] == Decision(actor=0, winning_bid=0.6)  # alone: not contested
+
+
+def test_auction_with_equal_bids_is_a_uniform_random_actor():
+    rule = Auction()
+    rng = random.Random(0)
+    tied = situation(bids={0: 0.4, 1: 0.4, 2: 0.4})
+    actors = [rule.decide([tied], rng)[0].actor for _ in range(300)]
+    assert {a: actors.count(a) for a in range(3)} == pytest.approx({0: 100, 1: 100, 2: 100}, abs=30)
+
+
+# -- fixed rules -------------------------------------------------------------------------------
+def test_round_robin_and_monolithic_need_nothing_but_the_step():
+    decisions = RoundRobin().decide([situation(d) for d in range(5)], random.Random(0))
+    assert [d.actor for d in decisions] == [0, 1, 2, 0, 1]
+    assert RoundRobin().bidders(situation()) == []
+    assert [d.actor for d in Monolithic().decide([situation(n=1)] * 2, random.Random(0))] == [0, 0]
+    with pytest.raises(ValueError, match="1 agent"):
+        Monolithic().decide([situation(n=3)], random.Random(0))
+
+
+# -- Graph-of-Agents ---------------------------------------------------------------------------
+def test_peer_scores_leave_out_the_proposers_own_score():
+    scores = [[9.0, -1.0, -3.0], [-2.0, 9.0, -1.0], [-4.0, -2.0, 9.0]]
+    assert peer_scores(scores) == [-3.0, -1.5, -2.0]
+    assert peer_scores([[-0.5]]) == [-0.5]
+
+
+def test_best_proposal_breaks_ties_uniformly():
+    rng = random.Random(0)
+    picks = {best_proposal([-1.0, -0.5, -0.5, -2.0], rng) for _ in range(50)}
+    assert picks == {1, 2}
+
+
+def test_graph_of_agents_acts_with_the_best_peer_scored_proposal():
+    scores = ((0.0, -1.0, -3.0), (-2.0, 0.0, -1.0), (-4.0, -0.5, 0.0))
+    decision = GraphOfAgents().decide([situation(peer_scores=scores)], random.Random(0))[0]
+    assert decision == Decision(actor=1)  # peer means: -3.0, -0.75, -2.0
+    lone = GraphOfAgents().decide([situation(n=1, peer_scores=((-0.5,),))], random.Random(0))
+    assert lone[0].actor == 0
+
+
+# -- AgentNet ----------------------------------------------------------------------------------
+def test_token_overlap_and_memory_votes():
+    a = observation_tokens("inventory: 3 oak log. near: forest")
+    b = observation_tokens("inventory: 3 oak log. near: stone")
+    assert token_overlap(a, a) == 1.0 and 0.0 < token_overlap(a, b) < 1.0
+    memory = SuccessMemory(capacity=3, neighbours=3, min_overlap=0.5)
+    memory.add(a, actor=0, reward=0.0)
+    assert len(memory) == 0, "a step without reward is not a success"
+    assert memory.suggest(a) is None
+    memory.add(b, actor=1, reward=1.0)
+    memory.add(a, actor=2, reward=1.0)
+    assert memory.suggest(a) == 2  # the exact match (1.0) outvotes the near one (5/7)
+    memory.add(b, actor=1, reward=1.0)
+    assert memory.suggest(a) == 1  # two near successes (2 * 5/7) outvote it
+    assert memory.suggest(observation_tokens("completely unrelated words")) is None
+    memory = SuccessMemory(capacity=3, neighbours=2, min_overlap=0.5)
+    for actor in range(4):
+        memory.add(b, actor=actor, reward=1.0)
+    assert len(memory) == 3, "the memory keeps only the newest entries"
+
+
+def agentnet(keep_bid: float, min_overlap: float) -> AgentNet:
+    return AgentNet(AgentNetConfig(name="agentnet", keep_bid=keep_bid, min_overlap=min_overlap))
+
+
+def test_agentnet_asks_only_the_holder_and_keeps_on_a_high_bid():
+    rule = agentnet(keep_bid=0.6, min_overlap=2.0)
+    assert rule.bidders(situation(previous_actor=None)) == []
+    assert rule.bidders(situation(previous_actor=2)) == [2]
+    keeps = situation(decision=4, previous_actor=2, bids={2: 0.6})
+    passes = situation(decision=4, previous_actor=2, bids={2: 0.4})
+    start = situation(decision=4)
+    decisions = rule.decide([keeps, passes, start], random.Random(0))
+    # keeps; forwards to the next agent (no usable memory); no holder: decision mod N
+    assert [d.actor for d in decisions] == [2, 0, 1]
+    assert all(d.winning_bid == 0.0 and not d.contested for d in decisions)
+
+
+def test_agentnet_forwards_to_the_agent_its_memory_suggests():
+    rule = agentnet(keep_bid=2.0, min_overlap=0.99)
+    seen = situation(decision=3, previous_actor=0, observation="stone pickaxe: ready", bids={0: 0})
+    assert rule.decide([seen], random.Random(0))[0].actor == 1  # empty memory: rotation
+    rule.record_outcomes([seen], [Decision(actor=2)], [5.0])  # agent 2 earned reward here
+    assert rule.memory.suggest(observation_tokens(seen.observation)) == 2
+    assert rule.decide([seen], random.Random(0))[0].actor == 2
+    fresh = situation(decision=0, observation="stone pickaxe: ready")
+    assert rule.decide([fresh], random.Random(0))[0].actor == 2  # no holder: the memory's choice
+    rule.record_outcomes([seen], [Decision(actor=1)], [0.0])
+    assert len(rule.memory) == 1, "a step without reward is not remembered"
+
+
+# -- the loop samples what the rule declares (tiny real agents) ---------------------------------
 def task(max_decisions: int = 6) -> CraftingConfig:
     return CraftingConfig(name="crafting", target="wooden_pickaxe", max_decisions=max_decisions)
 
@@ -61,30 +205,6 @@ def seeded(seed: int) -> torch.Generator:
     return generator
 
 
-# -- registry and configs ----------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["graph_of_agents", "agentnet"])
-def test_new_rules_are_selectable_from_the_config(name):
-    register_configs()
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[f"coordination={name}"])
-    assert cfg.coordination.name == name
-    assert type(make_coordination(name)) is RULES[name]
-    assert not RULES[name].asks_bids
-
-
-# -- Graph-of-Agents ---------------------------------------------------------------------------
-def test_peer_scores_leave_out_the_proposers_own_score():
-    scores = [[9.0, -1.0, -3.0], [-2.0, 9.0, -1.0], [-4.0, -2.0, 9.0]]
-    assert peer_scores(scores) == [-3.0, -1.5, -2.0]
-    assert peer_scores([[-0.5]]) == [-0.5]
-
-
-def test_best_proposal_breaks_ties_uniformly():
-    rng = random.Random(0)
-    picks = {best_proposal([-1.0, -0.5, -0.5, -2.0], rng) for _ in range(50)}
-    assert picks == {1, 2}
-
-
 def test_swarm_score_is_the_mean_token_logprob_and_is_counted():
     swarm = build_swarm()
     envs = envs_at([1, 2])
@@ -92,43 +212,35 @@ def test_swarm_score_is_the_mean_token_logprob_and_is_counted():
     tokens_before = swarm.usage.rollout_tokens
     scores = swarm.score(1, envs, replies)
     policy = swarm.population.agents[1]
-    for env, reply, score in zip(envs, replies, scores, strict=True):
-        prompt = policy.encode_prompts([swarm.prompts.action("miner", env.observation("miner"))])
-        with torch.no_grad():
-            logp, mask = policy.reply_token_logprobs(prompt, [reply.reply_ids])
-        assert score == pytest.approx(float(logp.sum() / mask.sum()), abs=1e-5)
-    scored = sum(
-        len(p) + len(r.reply_ids)
-        for p, r in zip(
-            policy.encode_prompts(
-                [swarm.prompts.action("miner", e.observation("miner")) for e in envs]
-            ),
-            replies,
-            strict=True,
-        )
+    prompts = policy.encode_prompts(
+        [swarm.prompts.action("miner", env.observation("miner")) for env in envs]
     )
+    for prompt, reply, score in zip(prompts, replies, scores, strict=True):
+        with torch.no_grad():
+            logp, mask = policy.reply_token_logprobs([prompt], [reply.reply_ids])
+        assert score == pytest.approx(float(logp.sum() / mask.sum()), abs=1e-5)
+    scored = sum(len(p) + len(r.reply_ids) for p, r in zip(prompts, replies, strict=True))
     assert swarm.usage.rollout_tokens - tokens_before == scored
 
 
-def test_graph_of_agents_acts_with_the_best_peer_scored_proposal():
+def test_graph_of_agents_plays_proposals_peers_scored_highest():
     swarm = build_swarm()
+    loop = RolloutLoop(lambda: make_env(task()), swarm, GraphOfAgents())
     envs = envs_at([3, 4, 5])
-    decisions = GraphOfAgents().decide(swarm, envs, random.Random(0), seeded(7))
-    # The same generator seed reproduces every agent's proposals; score them independently.
-    again = seeded(7)
-    proposals = [swarm.act(agent, envs, again) for agent in range(swarm.n_agents)]
-    for e, decision in enumerate(decisions):
-        scores = [[0.0] * 3 for _ in range(3)]
+    situations, _, proposals = loop._gather(envs, [Episode(s) for s in (3, 4, 5)], seeded(7))
+    again = seeded(7)  # the same generator seed reproduces every agent's proposals
+    redone = [swarm.act(agent, envs, again) for agent in range(swarm.n_agents)]
+    for e, (s, env_proposals) in enumerate(zip(situations, proposals, strict=True)):
+        assert [p.reply_ids for p in env_proposals] == [redone[a][e].reply_ids for a in range(3)]
         for scorer in range(3):
             for proposer in range(3):
                 if scorer != proposer:
-                    value = swarm.score(scorer, [envs[e]], [proposals[proposer][e]])[0]
-                    scores[scorer][proposer] = value
-        peer = peer_scores(scores)
-        assert decision.action.agent == decision.actor
-        assert decision.action.reply_ids == proposals[decision.actor][e].reply_ids
-        assert peer[decision.actor] == pytest.approx(max(peer), abs=1e-5)
-        assert decision.winning_bid == 0.0 and decision.bids == []
+                    value = swarm.score(scorer, [envs[e]], [redone[proposer][e]])[0]
+                    assert s.peer_scores[scorer][proposer] == pytest.approx(value, abs=1e-5)
+    decisions = loop.coordination.decide(situations, random.Random(0))
+    best = [max(peer_scores(s.peer_scores)) for s in situations]
+    for d, s, top in zip(decisions, situations, best, strict=True):
+        assert peer_scores(s.peer_scores)[d.actor] == top
 
 
 def test_graph_of_agents_plays_whole_episodes_with_one_or_many_agents():
@@ -140,36 +252,8 @@ def test_graph_of_agents_plays_whole_episodes_with_one_or_many_agents():
             assert len(episode.steps) == 6
             for step in episode.steps:
                 assert step.actor is not None and step.action.agent == step.actor
-                assert step.winning_bid == 0.0 and not step.contested
+                assert step.decision.winning_bid == 0.0 and not step.contested
         assert swarm.usage.bids_made == 0
-
-
-# -- AgentNet ----------------------------------------------------------------------------------
-def test_token_overlap_and_memory_votes():
-    a = observation_tokens("inventory: 3 oak log. near: forest")
-    b = observation_tokens("inventory: 3 oak log. near: stone")
-    assert token_overlap(a, a) == 1.0 and 0.0 < token_overlap(a, b) < 1.0
-    memory = SuccessMemory(capacity=3, neighbours=3, min_overlap=0.5)
-    memory.add(a, actor=0, reward=0.0)
-    assert len(memory) == 0, "a step without reward is not a success"
-    assert memory.suggest(a) is None
-    memory.add(b, actor=1, reward=1.0)
-    memory.add(a, actor=2, reward=1.0)
-    assert memory.suggest(a) == 2  # the exact match (1.0) outvotes the near one (5/7)
-    memory.add(b, actor=1, reward=1.0)
-    assert memory.suggest(a) == 1  # two near successes (2 * 5/7) outvote it
-    assert memory.suggest(observation_tokens("completely unrelated words")) is None
-    memory = SuccessMemory(capacity=3, neighbours=2, min_overlap=0.5)
-    for actor in range(4):
-        memory.add(b, actor=actor, reward=1.0)
-    assert len(memory) == 3, "the memory keeps only the newest entries"
-
-
-def agentnet(keep_bid: float, min_overlap: float) -> AgentNet:
-    rule = AgentNet()
-    rule.keep_bid = keep_bid
-    rule.memory.min_overlap = min_overlap
-    return rule
 
 
 def test_agentnet_that_never_keeps_and_has_no_memory_is_round_robin():
@@ -178,8 +262,11 @@ def test_agentnet_that_never_keeps_and_has_no_memory_is_round_robin():
     episodes = loop.run([0, 1, 2], random.Random(0), seeded(0))
     for episode in episodes:
         assert [s.actor for s in episode.steps] == [d % 3 for d in range(6)]
-        assert all(s.winning_bid == 0.0 for s in episode.steps)
-    # One router bid per env and step except the first (no holder yet).
+        assert all(s.decision.winning_bid == 0.0 for s in episode.steps)
+        # The loop sampled exactly the holder's bid, from the second step on.
+        assert [sorted(s.bids) for s in episode.steps] == [[]] + [
+            [(d - 1) % 3] for d in range(1, 6)
+        ]
     assert swarm.usage.bids_made == 3 * 5
 
 
@@ -190,35 +277,10 @@ def test_agentnet_holder_that_always_keeps_acts_every_step():
         assert [s.actor for s in episode.steps] == [0] * 6
 
 
-def test_agentnet_forwards_to_the_agent_the_memory_suggests():
+def test_a_forced_first_actor_is_the_holder_of_the_branch():
     swarm = build_swarm()
-    rule = agentnet(keep_bid=2.0, min_overlap=0.99)
-    env = envs_at([5])[0]
-    first = rule.decide(swarm, [env], random.Random(0), seeded(0))
-    assert first[0].actor == 0  # no holder, empty memory: rotation
-    # Pretend agent 2 acting here earned reward: the memory now points at agent 2 for this view.
-    tokens = observation_tokens(env.observation(MONOLITHIC))
-    rule.record_outcomes([env], [Decision(actor=2)], [5.0])
-    assert rule.memory.suggest(tokens) == 2
-    other = envs_at([5])[0]
-    assert rule.decide(swarm, [other], random.Random(0), seeded(0))[0].actor == 2
-
-
-def test_agentnet_holder_follows_steps_and_is_dropped_by_a_restore():
-    swarm = build_swarm()
-    rule = agentnet(keep_bid=0.0, min_overlap=2.0)
-    env, twin = envs_at([7, 7], max_decisions=10)
-    decision = rule.decide(swarm, [env], random.Random(0), seeded(0))[0]
-    before = env.snapshot()
-    env.step(swarm.role(decision.actor), "chop a tree")
-    rule.record_outcomes([env], [decision], [0.0])
-    assert rule.holder(env) == decision.actor
-    twin.restore(env.snapshot())
-    assert rule.holder(twin) is None, "the holder belongs to the env object it was set in"
-    env.restore(before)
-    assert rule.holder(env) is None, "a restore to another state drops the holder"
-    env.reset(8)
-    assert rule.holder(env) is None
-    # A forced actor (a fork branch's first step) becomes the holder.
-    rule.record_outcomes([env], [Decision(actor=1)], [0.0])
-    assert rule.holder(env) == 1
+    loop = RolloutLoop(lambda: make_env(task()), swarm, agentnet(keep_bid=0.0, min_overlap=2.0))
+    envs = envs_at([7])
+    branch = Episode(7)
+    loop.play(envs, [branch], random.Random(0), seeded(0), first_actors=[2])
+    assert [s.actor for s in branch.steps] == [2] * 6

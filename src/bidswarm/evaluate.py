@@ -106,10 +106,11 @@ def resolve_from_run(cfg: DictConfig) -> DictConfig:
         sections[key] = section
     if sections["task"].name not in TASKS:
         raise ValueError(f"task.name={sections['task'].name!r}: unknown; known: {sorted(TASKS)}")
+    rule = RULES.get(sections["coordination"].name)  # an unknown name fails validation
     schemas = {
         "task": env_class(sections["task"].name).Config,
         "model": ModelConfig,
-        "coordination": CoordinationConfig,
+        "coordination": rule.Config if rule else CoordinationConfig,
     }
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for key, schema in schemas.items():
@@ -152,12 +153,13 @@ def build_loop(cfg: DictConfig) -> RolloutLoop:
                 f"{cfg.actions_from!r} has {actions.roles}: they must be the same population"
             )
     monolithic = actions.roles == [MONOLITHIC]
-    if cfg.coordination.name == "monolithic" and not monolithic:
+    rule = RULES[cfg.coordination.name]
+    if rule.monolithic and not monolithic:
         raise ValueError(
             f"coordination=monolithic needs the single monolithic agent; run {run_dir} has "
             f"roles {actions.roles}"
         )
-    if monolithic and RULES[cfg.coordination.name].asks_bids:
+    if monolithic and rule.asks_bids:
         raise ValueError(
             f"run {run_dir} trained one monolithic agent, which has no bid policy: "
             f"coordination={cfg.coordination.name} needs bids"
@@ -191,12 +193,7 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], worlds_file: Path)
     # First, so that parallel jobs of a sweep set up a new store one at a time.
     parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name)
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(cfg.logger.experiment_name)
-    experiment_id = (
-        experiment.experiment_id
-        if experiment
-        else client.create_experiment(cfg.logger.experiment_name)
-    )
+    experiment_id = tracking.experiment_id(client, cfg.logger.experiment_name)
     run_dir = Path(cfg.run_dir).resolve()
     tags = {
         "bidswarm.kind": "evaluate",
@@ -229,15 +226,11 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     env = loop.make_env()
     seeds = env.heldout_seeds()[: cfg.max_seeds]
     evaluation = evaluate(loop, seeds, cfg.runs_per_seed, cfg.seed, cfg.batch_size)
-    usage = evaluation.usage
-    metrics = evaluation.metrics | {
-        "seeds": float(len(seeds)),
-        "runs_per_seed": float(cfg.runs_per_seed),
-        "flops/rollout": usage.rollout_flops,
-        "tokens/rollout": float(usage.rollout_tokens),
-        "parse_failures/bid": float(usage.bid_parse_failures),
-        "invalid_actions": float(usage.invalid_actions),
-    }
+    metrics = (
+        evaluation.metrics
+        | {"seeds": float(len(seeds)), "runs_per_seed": float(cfg.runs_per_seed)}
+        | evaluation.usage.as_metrics()
+    )
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(metrics, indent=1) + "\n")

@@ -24,25 +24,34 @@ from omegaconf import DictConfig, OmegaConf
 from bidswarm import tracking
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.coordination import make_coordination
+from bidswarm.coordination import RULES, make_coordination
 from bidswarm.envs import make_env
-from bidswarm.envs.base import TextEnv
+from bidswarm.envs.base import MONOLITHIC, TextEnv
 from bidswarm.envs.experts import Demonstration, play_expert_episode
 from bidswarm.lit.callbacks import UpdateProgress
 from bidswarm.lit.sft import run_sft
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.plots import plot_participation, plot_reward_vs_flops
+from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.swarm import Swarm
 
 
-def expert_demonstrations(env: TextEnv, seeds: list[int], bid_levels: list[float]):
+def demonstrations_by_world(
+    env: TextEnv, worlds: list[int], bid_levels: list[float]
+) -> dict[int, list[Demonstration]]:
+    """The scripted experts' demonstrations on each of ``worlds``, each world played once."""
+    unique = dict.fromkeys(worlds)
+    return {world: play_expert_episode(env, world, bid_levels).demonstrations for world in unique}
+
+
+def expert_demonstrations(
+    env: TextEnv, seeds: list[int], bid_levels: list[float]
+) -> list[Demonstration]:
     """The scripted experts' demonstrations on training worlds (SFT data, tokenizer corpus)."""
-    demos: list[Demonstration] = []
-    for seed in seeds:
-        demos += play_expert_episode(env, seed, bid_levels).demonstrations
-    return demos
+    played = demonstrations_by_world(env, seeds, bid_levels)
+    return [demo for seed in seeds for demo in played[seed]]
 
 
 def demonstration_worlds(env: TextEnv, cfg: DictConfig) -> list[int]:
@@ -58,51 +67,76 @@ BUDGET_EPISODES = 16
 """Training worlds whose expert replies size the derived action-token budget."""
 
 
+def budget_worlds(env: TextEnv) -> list[int]:
+    """The first :data:`BUDGET_EPISODES` training worlds (the same for training and
+    evaluation, whatever the seed)."""
+    return env.train_seeds()[:BUDGET_EPISODES]
+
+
+def start_demonstrations(
+    env: TextEnv, cfg: DictConfig
+) -> tuple[list[Demonstration], list[Demonstration]]:
+    """The SFT demonstrations (:func:`demonstration_worlds`) and those that size the action
+    budget (:func:`budget_worlds`), every world played once."""
+    sft, budget = demonstration_worlds(env, cfg), budget_worlds(env)
+    played = demonstrations_by_world(env, sft + budget, list(cfg.coordination.bid_levels))
+    return [d for w in sft for d in played[w]], [d for w in budget for d in played[w]]
+
+
 def action_token_budget(
-    max_action_tokens: int | None, env: TextEnv, prompts: PromptTemplate, tokenizer: Any
+    max_action_tokens: int | None,
+    demonstrations: list[Demonstration],
+    prompts: PromptTemplate,
+    tokenizer: Any,
 ) -> int:
     """``max_action_tokens`` (``model.max_action_tokens``), or when None: the longest expert
-    reply of the task in this tokenizer (first training worlds) plus :data:`REPLY_TOKEN_MARGIN`.
+    reply among ``demonstrations`` (those of :func:`budget_worlds`) in this tokenizer plus
+    :data:`REPLY_TOKEN_MARGIN`.
 
     Replies are cut at this many tokens, so a budget below the longest expert reply makes
     some of the task's actions impossible to say.
     """
     if max_action_tokens is not None:
         return max_action_tokens
-    seeds = env.train_seeds()[:BUDGET_EPISODES]
-    demos = expert_demonstrations(env, seeds, list(prompts.bid_levels))
-    replies = {prompts.reply_text(demo.reply) for demo in demos if demo.kind == "action"}
+    replies = {prompts.reply_text(d.reply) for d in demonstrations if d.kind == "action"}
     longest = max(len(tokenizer(reply, add_special_tokens=False)["input_ids"]) for reply in replies)
     return longest + REPLY_TOKEN_MARGIN
 
 
 def population_roles(cfg: DictConfig, env: TextEnv) -> list[str | None]:
     """Monolithic: one agent owning every role; otherwise one agent per role (times replicas)."""
-    return [None] if cfg.coordination.name == "monolithic" else list(env.roles)
+    return [MONOLITHIC] if RULES[cfg.coordination.name].monolithic else list(env.roles)
 
 
 def build_rollout_loop(
-    cfg: DictConfig, population: Population, bid_population: Population | None = None
+    cfg: DictConfig,
+    population: Population,
+    bid_population: Population | None = None,
+    budget_demonstrations: list[Demonstration] | None = None,
 ) -> RolloutLoop:
     """Prompts, swarm and coordination rule of ``cfg`` around ``population`` (which acts) and
-    ``bid_population`` (which bids; default the same agents)."""
+    ``bid_population`` (which bids; default the same agents). ``budget_demonstrations``: the
+    experts' demonstrations on :func:`budget_worlds` if the caller played them already."""
     task_config = OmegaConf.to_object(cfg.task)
     env = make_env(task_config)
+    levels = list(cfg.coordination.bid_levels)
     tokenizer = population.agents[0].tokenizer
-    prompts = PromptTemplate.for_env(
-        env, cfg.model.prompt_style, tokenizer, list(cfg.coordination.bid_levels)
-    )
+    prompts = PromptTemplate.for_env(env, cfg.model.prompt_style, tokenizer, levels)
+    if budget_demonstrations is None and cfg.model.max_action_tokens is None:
+        budget_demonstrations = expert_demonstrations(env, budget_worlds(env), levels)
     swarm = Swarm(
         population,
         prompts,
         cfg.model.max_bid_tokens,
-        action_token_budget(cfg.model.max_action_tokens, env, prompts, tokenizer),
+        action_token_budget(
+            cfg.model.max_action_tokens, budget_demonstrations or [], prompts, tokenizer
+        ),
         cfg.model.temperature,
         bid_population=bid_population,
+        token_budget=cfg.model.micro_batch_tokens,
     )
-    return RolloutLoop(
-        lambda: make_env(task_config), swarm, make_coordination(cfg.coordination.name)
-    )
+    coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
+    return RolloutLoop(lambda: make_env(task_config), swarm, coordination)
 
 
 def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
@@ -143,7 +177,7 @@ class Run:
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
         env = make_env(OmegaConf.to_object(cfg.task))
         levels = list(cfg.coordination.bid_levels)
-        demos = expert_demonstrations(env, demonstration_worlds(env, cfg), levels)
+        demos, budget_demos = start_demonstrations(env, cfg)
         if state.get("sft_done"):
             population = Population.from_pretrained(run_dir / "sft")
         else:
@@ -153,7 +187,7 @@ class Run:
             population = Population.build(
                 cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus
             )
-        loop = build_rollout_loop(cfg, population)
+        loop = build_rollout_loop(cfg, population, budget_demonstrations=budget_demos)
         logger = make_logger(cfg, run_dir, state.get("mlflow_run_id"))
         run = cls(cfg, run_dir, env, population, loop, demos, logger, state)
         run.record_start()
@@ -223,9 +257,10 @@ class Run:
 
         Returns whether the schedule is complete (``rl.stop_after`` can end the process early).
         """
-        module = SwarmModule(
+        collector = Collector(
             self.loop, self.cfg.rl, self.cfg.credit.name, self.env.train_seeds(), self.cfg.seed
         )
+        module = SwarmModule(self.population, collector, self.cfg.rl, self.cfg.model.temperature)
         checkpoints = self.run_dir / "checkpoints"
         last = checkpoints / "last.ckpt"
         trainer = L.Trainer(
@@ -276,6 +311,7 @@ class Run:
             num_nodes=t.num_nodes,
             strategy=strategy,
             precision=t.precision,
+            deterministic=t.deterministic,
             logger=self.logger,
             enable_model_summary=False,
             num_sanity_val_steps=0,

@@ -24,6 +24,12 @@ def tracking_uri(configured: str | None) -> str:
     return uri
 
 
+def experiment_id(client, name: str) -> str:
+    """The id of the MLflow experiment ``name`` (an ``MlflowClient``'s store), created if new."""
+    experiment = client.get_experiment_by_name(name)
+    return experiment.experiment_id if experiment else client.create_experiment(name)
+
+
 def run_name() -> str:
     """The run's name: its Hydra overrides (``coordination=round_robin,seed=1``) or ``default``."""
     if not HydraConfig.initialized():
@@ -46,18 +52,15 @@ def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
     with open(Path(sweep_dir) / ".mlflow_parent.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         client = MlflowClient(uri)
-        experiment = client.get_experiment_by_name(experiment_name)
-        experiment_id = (
-            experiment.experiment_id if experiment else client.create_experiment(experiment_name)
-        )
+        experiment = experiment_id(client, experiment_name)
         found = client.search_runs(
-            [experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_dir}'", max_results=1
+            [experiment], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_dir}'", max_results=1
         )
         if found:
             return found[0].info.run_id
         overrides = HydraConfig.get().overrides.task
         name = "sweep " + " ".join(o for o in overrides) if overrides else "sweep"
-        run = client.create_run(experiment_id, run_name=name, tags={SWEEP_TAG: sweep_dir})
+        run = client.create_run(experiment, run_name=name, tags={SWEEP_TAG: sweep_dir})
         client.set_terminated(run.info.run_id)
     del mlflow
     return run.info.run_id

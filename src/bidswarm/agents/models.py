@@ -26,17 +26,18 @@ from transformers import (
 )
 
 from bidswarm.agents.tokenizer import build_tokenizer
-from bidswarm.config import ModelConfig, TinyArchConfig
+from bidswarm.config import DType, ModelConfig, ModelSource, TinyArchConfig
 
-SOURCES = ("tiny", "gguf", "hub")
+TORCH_DTYPES = {
+    DType.float32: torch.float32,
+    DType.bfloat16: torch.bfloat16,
+    DType.float16: torch.float16,
+}
 
 
-def torch_dtype(name: str) -> torch.dtype:
-    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` -> the torch dtype, with a clear error."""
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in dtypes:
-        raise ValueError(f"model.dtype={name!r} is not supported; choose one of {sorted(dtypes)}")
-    return dtypes[name]
+def torch_dtype(name: DType | str) -> torch.dtype:
+    """``model.dtype`` (``float32`` / ``bfloat16`` / ``float16``) -> the torch dtype."""
+    return TORCH_DTYPES[DType(name)]
 
 
 def build_tiny_model(arch: TinyArchConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
@@ -106,17 +107,16 @@ def load_model_and_tokenizer(
 
     Every returned tokenizer pads on the left and has a pad token (batched generation).
     """
-    if cfg.source == "tiny":
+    source = ModelSource(cfg.source)
+    if source == ModelSource.tiny:
         if not corpus:
             raise ValueError("model.source=tiny needs the task's text corpus to train a tokenizer")
         tokenizer = build_tokenizer(corpus, cfg.tiny.vocab_size)
         model = build_tiny_model(cfg.tiny, tokenizer).to(torch_dtype(cfg.dtype))
-    elif cfg.source == "gguf":
+    elif source == ModelSource.gguf:
         model, tokenizer = _load_gguf(cfg)
-    elif cfg.source == "hub":
-        model, tokenizer = _load_hub(cfg)
     else:
-        raise ValueError(f"model.source={cfg.source!r} is not known; choose one of {SOURCES}")
+        model, tokenizer = _load_hub(cfg)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

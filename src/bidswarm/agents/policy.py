@@ -8,6 +8,7 @@ KV cache); log-probs of sampled replies are recomputed with gradient by a separa
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
+
+from bidswarm.envs.base import role_name
 
 AGENT_FILE = "agent.json"
 
@@ -57,6 +60,26 @@ def shared_prefix_length(sequences: list[list[int]]) -> int:
     while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
         length += 1
     return length
+
+
+def micro_batches(lengths: Sequence[int], token_budget: int | None) -> list[range]:
+    """Consecutive ranges of rows whose padded forward (rows x longest row, in tokens) stays
+    within ``token_budget`` (None: one range of every row). A row longer than the budget cannot
+    be split and forms a range alone; so the peak memory of a forward is set by the budget, not
+    by how many rows a batch has."""
+    if not lengths:
+        return []
+    if token_budget is None:
+        return [range(len(lengths))]
+    ranges, start, longest = [], 0, 0
+    for row, length in enumerate(lengths):
+        widest = max(longest, length)
+        if row > start and (row - start + 1) * widest > token_budget:
+            ranges.append(range(start, row))
+            start, widest = row, length
+        longest = widest
+    ranges.append(range(start, len(lengths)))
+    return ranges
 
 
 def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
@@ -118,7 +141,7 @@ class AgentPolicy(torch.nn.Module):
 
     @property
     def name(self) -> str:
-        return self.role or "monolithic"
+        return role_name(self.role)
 
     def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
         """Token ids of each prompt, cut from the left to ``max_prompt_tokens``.
@@ -260,6 +283,30 @@ class AgentPolicy(torch.nn.Module):
         mask = (columns[None, :] < lengths[:, None]).float()
         index = (columns[None, :] + (width - lengths)[:, None]).clamp(max=width - 1)
         return right_aligned.gather(1, index) * mask, mask
+
+    @torch.no_grad()
+    def sequence_logprobs(
+        self,
+        prompt_ids: list[list[int]],
+        reply_ids: list[list[int]],
+        temperature: float = 1.0,
+        token_budget: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Summed log-prob of each reply given its prompt, and its length, both [B], without
+        gradient (scoring); forwards of at most ``token_budget`` tokens (:func:`micro_batches`).
+        """
+        sums, lengths = [], []
+        rows = [len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True)]
+        for part in micro_batches(rows, token_budget):
+            logprobs, mask = self.reply_token_logprobs(
+                [prompt_ids[i] for i in part], [reply_ids[i] for i in part], temperature
+            )
+            sums.append((logprobs * mask).sum(dim=1))
+            lengths.append(mask.sum(dim=1))
+        if not sums:
+            empty = torch.zeros(0, device=self.device)
+            return empty, empty
+        return torch.cat(sums), torch.cat(lengths)
 
     def forward(self, prompt_ids: list[list[int]], reply_ids: list[list[int]]) -> Tensor:
         """Per-token reply log-probs [B, L] (see :meth:`reply_token_logprobs`)."""

@@ -11,14 +11,15 @@ import torch
 
 from bidswarm.agents.models import build_tiny_model, load_model_and_tokenizer, torch_dtype
 from bidswarm.agents.policy import AgentPolicy
-from bidswarm.config import ModelConfig
+from bidswarm.config import ModelConfig, ModelSource
+from bidswarm.envs.base import role_name
 
 POPULATION_FILE = "population.json"
 
 
 def agent_folder_name(index: int, role: str | None) -> str:
     """``agent0_logger``, ``agent3_monolithic``, ..."""
-    return f"agent{index}_{role or 'monolithic'}"
+    return f"agent{index}_{role_name(role)}"
 
 
 class Population(torch.nn.Module):
@@ -73,7 +74,7 @@ class Population(torch.nn.Module):
         for role_index, role in enumerate(roles):
             if role_index == 0:
                 role_model = model
-            elif model_cfg.source == "tiny":
+            elif model_cfg.source == ModelSource.tiny:
                 role_model = build_tiny_model(model_cfg.tiny, tokenizer)
                 role_model = role_model.to(torch_dtype(model_cfg.dtype))
             else:

@@ -18,12 +18,9 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from bidswarm.envs.base import TextEnv
+from bidswarm.config import PromptStyle
+from bidswarm.envs.base import TextEnv, role_name
 from bidswarm.envs.experts import Demonstration, format_bid, snap_to_level
-
-STYLES = ("chat", "compact")
-MONOLITHIC_NAME = "team"
-"""How the compact template names the monolithic agent (role None)."""
 
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
 
@@ -62,16 +59,17 @@ class PromptTemplate:
     tokenizer: needed by the ``chat`` style (its chat template).
     """
 
-    style: str
+    style: PromptStyle
     task_description: str
     role_descriptions: dict[str | None, str]
     bid_levels: tuple[float, ...]
     tokenizer: PreTrainedTokenizerBase | None = None
 
     def __post_init__(self) -> None:
-        if self.style not in STYLES:
-            raise ValueError(f"model.prompt_style={self.style!r}; choose one of {STYLES}")
-        if self.style == "chat" and (self.tokenizer is None or not self.tokenizer.chat_template):
+        object.__setattr__(self, "style", PromptStyle(self.style))  # a str from a test or a YAML
+        if self.style == PromptStyle.chat and (
+            self.tokenizer is None or not self.tokenizer.chat_template
+        ):
             raise ValueError(
                 "prompt_style=chat needs a tokenizer with a chat template; "
                 "use prompt_style=compact for models without one (e.g. tiny)"
@@ -81,7 +79,7 @@ class PromptTemplate:
     def for_env(
         cls,
         env: TextEnv,
-        style: str,
+        style: PromptStyle,
         tokenizer: PreTrainedTokenizerBase | None,
         bid_levels: list[float],
     ) -> PromptTemplate:
@@ -97,7 +95,7 @@ class PromptTemplate:
 
     def bid(self, role: str, observation: str) -> str:
         """The prompt asking ``role`` how much it should act now."""
-        if self.style == "compact":
+        if self.style == PromptStyle.compact:
             return f"{self._bos()}{role} bid: {observation} ->"
         levels = ", ".join(format_bid(level) for level in self.bid_levels)
         request = (
@@ -108,8 +106,8 @@ class PromptTemplate:
 
     def action(self, role: str | None, observation: str) -> str:
         """The prompt asking ``role`` (None: the monolithic agent) for its next instruction."""
-        if self.style == "compact":
-            return f"{self._bos()}{role or MONOLITHIC_NAME} act: {observation} ->"
+        if self.style == PromptStyle.compact:
+            return f"{self._bos()}{role_name(role)} act: {observation} ->"
         request = f"Reply with your next instruction only.\n\nNow: {observation}"
         return self._chat(role, request)
 
@@ -123,7 +121,7 @@ class PromptTemplate:
 
     def reply_text(self, reply: str) -> str:
         """The reply as it continues the prompt (the compact template puts a space before it)."""
-        return f" {reply}" if self.style == "compact" else reply
+        return f" {reply}" if self.style == PromptStyle.compact else reply
 
     def _bos(self) -> str:
         if self.tokenizer is None or self.tokenizer.bos_token is None:

@@ -12,7 +12,7 @@ from bidswarm.algorithms.credit import (
     reward_to_go_credit,
 )
 from bidswarm.algorithms.losses import (
-    NORMALIZATIONS,
+    Normalization,
     bradley_terry_loss,
     fork_preference,
     reinforce_loss,
@@ -20,9 +20,9 @@ from bidswarm.algorithms.losses import (
 
 __all__ = [
     "CREDIT_RULES",
-    "NORMALIZATIONS",
     "AuctionOutcome",
     "CreditRule",
+    "Normalization",
     "bradley_terry_loss",
     "bucket_brigade_credit",
     "episode_return_credit",

@@ -6,19 +6,31 @@ Pure functions of tensors that return named terms; the training module sums and 
 from __future__ import annotations
 
 import math
+from enum import Enum
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-NORMALIZATIONS = ("token_mean", "sequence_sum")
+
+class Normalization(str, Enum):
+    """How the REINFORCE loss of one agent is normalised [ours] (``rl.loss_normalization``)."""
+
+    token_mean = "token_mean"
+    """-sum_b(adv_b * sum_l logp_bl m_bl) / sum(m): every action token weighs the same."""
+    sequence_sum = "sequence_sum"
+    """-mean_b(adv_b * sum_l logp_bl m_bl): every acting step weighs the same."""
+
+    __str__ = str.__str__
 
 
 def reinforce_loss(
     token_logprobs: Tensor,
     mask: Tensor,
     credits: Tensor,
-    normalization: str = "token_mean",
+    normalization: Normalization | str = Normalization.token_mean,
+    baseline: Tensor | None = None,
+    normalizer: float | None = None,
 ) -> dict[str, Tensor]:
     """Eq. 2 of MPT: the REINFORCE loss of ONE agent on its action tokens.
 
@@ -32,12 +44,20 @@ def reinforce_loss(
         credits: credit c_t of each acting step, shape [B].
         normalization: ``token_mean``: -sum_b(adv_b * sum_l logp_bl m_bl) / sum(m);
             ``sequence_sum``: -mean_b(adv_b * sum_l logp_bl m_bl).
+        baseline: the agent's mean credit over its whole batch, shape [] (None: the mean of
+            ``credits``). With ``normalizer``, the rows may be one micro-batch of the batch.
+        normalizer: the whole batch's action tokens (``token_mean``) or rows (``sequence_sum``)
+            (None: those of these rows). The losses of a batch's micro-batches, each with the
+            batch's baseline and normalizer, sum to the loss of the whole batch.
 
     Returns:
         {"loss_action": scalar, "advantage_abs_mean": scalar, detached}.
     """
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if normalization not in list(Normalization):
+        raise ValueError(
+            f"normalization must be one of {[n.value for n in Normalization]}, "
+            f"got {normalization!r}"
+        )
     if token_logprobs.dim() != 2 or mask.shape != token_logprobs.shape:
         raise ValueError(
             "token_logprobs and mask must both have shape [B, L], got "
@@ -51,20 +71,21 @@ def reinforce_loss(
         raise ValueError("reinforce_loss needs at least one acting step; skip agents that idled")
     mask = mask.to(token_logprobs.dtype)
     credits = credits.detach().to(token_logprobs.dtype)
-    advantages = credits - credits.mean()
+    advantages = credits - (credits.mean() if baseline is None else baseline.detach())
     # where() rather than a product so that -inf log-probs on masked-out padding stay harmless.
     masked_logprobs = torch.where(mask > 0, token_logprobs * mask, torch.zeros_like(mask))
     sequence_logprobs = masked_logprobs.sum(dim=1)
     weighted = advantages * sequence_logprobs
-    if normalization == "token_mean":
-        loss = -weighted.sum() / mask.sum().clamp_min(1.0)
+    if normalization == Normalization.token_mean:
+        tokens = mask.sum().clamp_min(1.0) if normalizer is None else max(normalizer, 1.0)
+        loss = -weighted.sum() / tokens
     else:
-        loss = -weighted.mean()
+        loss = -weighted.sum() / (len(weighted) if normalizer is None else normalizer)
     return {"loss_action": loss, "advantage_abs_mean": advantages.abs().mean().detach()}
 
 
 def bradley_terry_loss(
-    logp_winner: Tensor, logp_loser: Tensor, beta: float = 1.0
+    logp_winner: Tensor, logp_loser: Tensor, beta: float = 1.0, pairs: int | None = None
 ) -> dict[str, Tensor]:
     """Eq. 3 of MPT: Bradley–Terry preference loss on the winner's two bid replies.
 
@@ -74,6 +95,8 @@ def bradley_terry_loss(
         logp_winner: summed log-prob of the preferred bid reply's tokens, shape [P].
         logp_loser: summed log-prob of the other bid reply's tokens (same context), shape [P].
         beta: scale of the log-prob margin (default 1, as in the paper).
+        pairs: the pairs of the whole batch when these P are one micro-batch of it (None: P);
+            the micro-batches' losses then sum to the whole batch's.
 
     Returns:
         {"loss_bid": scalar, "preference_accuracy": fraction of pairs with logp_w > logp_l,
@@ -89,7 +112,7 @@ def bradley_terry_loss(
     if not (math.isfinite(beta) and beta > 0.0):
         raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
     margin = logp_winner - logp_loser
-    loss = -F.logsigmoid(beta * margin).mean()
+    loss = -F.logsigmoid(beta * margin).sum() / (len(margin) if pairs is None else pairs)
     accuracy = (margin > 0).to(margin.dtype).mean().detach()
     return {"loss_bid": loss, "preference_accuracy": accuracy}
 

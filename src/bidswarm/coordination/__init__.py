@@ -1,10 +1,13 @@
-"""Coordination rules: who acts each step. ``make_coordination`` maps config names to rules."""
+"""Coordination rules: who acts each step, as pure decisions (see ``coordination/base.py``).
+
+``RULES`` maps the ``coordination.name`` of a YAML in ``conf/coordination/`` to its rule class.
+"""
 
 from __future__ import annotations
 
 from bidswarm.coordination.agentnet import AgentNet
 from bidswarm.coordination.auction import Auction
-from bidswarm.coordination.base import CoordinationRule, Decision
+from bidswarm.coordination.base import CoordinationConfig, CoordinationRule, Decision, Situation
 from bidswarm.coordination.fixed import Monolithic, RoundRobin
 from bidswarm.coordination.graph_of_agents import GraphOfAgents
 
@@ -17,10 +20,16 @@ RULES: dict[str, type[CoordinationRule]] = {
 }
 
 
-def make_coordination(name: str) -> CoordinationRule:
-    if name not in RULES:
-        raise ValueError(f"coordination.name={name!r} is unknown; choose one of {sorted(RULES)}")
-    return RULES[name]()
+def make_coordination(config: CoordinationConfig) -> CoordinationRule:
+    """The rule that ``config.name`` names (checked by ``config.validate``), configured by it."""
+    return RULES[config.name].from_config(config)
 
 
-__all__ = ["RULES", "CoordinationRule", "Decision", "make_coordination"]
+__all__ = [
+    "RULES",
+    "CoordinationConfig",
+    "CoordinationRule",
+    "Decision",
+    "Situation",
+    "make_coordination",
+]

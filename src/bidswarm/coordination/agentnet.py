@@ -1,29 +1,27 @@
 """AgentNet, adapted step-wise [ours]: the current actor routes the task to the next actor.
 
-Each decision step, in every live env, the agent that acted last (the *holder*) routes:
+Each decision step, in every live env, the agent that acted at the previous step (the
+*holder*, ``Situation.previous_actor``) routes:
 
-1. its router is its own bid policy (no new training): it writes its bid for acting now;
-   a bid of at least ``keep_bid`` keeps the task (the holder acts again);
+1. its router is its own bid policy (no new training): the rule asks the collector for the
+   holder's bid; a bid of at least ``keep_bid`` keeps the task (the holder acts again);
 2. otherwise it forwards the task. The destination comes from a retrieval memory of past
    successful steps (steps whose reward was positive): the ``neighbours`` stored observations
    nearest to the current one by token overlap (Jaccard, at least ``min_overlap``) vote for the
    agent that acted there, weighted by overlap x reward; with no usable memory it forwards
-   to the next agent in rotation. A step with no holder (episode start) takes the memory's
-   choice, else agent ``decision mod N``.
+   to the next agent in rotation. A step with no holder (episode start, after a skipped step)
+   takes the memory's choice, else agent ``decision mod N``.
 
-Who acts now: the holder lives in the rule, keyed by the env object and stamped with a
-fingerprint of the env's state after that step (decision index + shared observation text).
-The stamp must match at the next decision, so a ``restore`` to any other state (a fork, a new
-episode in a reused env) drops the holder rather than carrying a wrong one, and the branch
-routes as at an episode start; an actor forced on a branch's first step becomes its holder
-(``record_outcomes`` sees it). The memory is shared experience, not per-env state: it keeps the
-newest ``memory_size`` successful steps of every episode played with this rule object.
+The holder is the previous step's actor of the same episode or fork branch, which the
+collector knows: a fork branch's forced first actor is the holder of its second step. The
+memory is shared experience, not per-env state: it keeps the newest ``memory_size`` successful
+steps of every episode played with this rule object (``record_outcomes``).
 
-Per step, with N agents and E live envs: one bid generation per env (by its holder, batched
-per holder: at most N batches, E rows in all), a memory look-up over at most ``memory_size``
-entries per env (CPU set overlaps), then the actor's action generation. That is 1 bid
-generation per env instead of the auction's N. The router's bid is not a sealed-auction bid:
-the step records ``winning_bid`` 0 (bucket-brigade credit becomes the per-step reward).
+Per step, with N agents and E live envs: one bid generation per env with a holder (batched per
+holder: at most N batches, E rows in all), a memory look-up over at most ``memory_size`` entries
+per env (CPU set overlaps), then the actor's action generation. That is 1 bid generation per env
+instead of the auction's N. The router's bid is not a sealed-auction bid: the step records
+``winning_bid`` 0 (bucket-brigade credit becomes the per-step reward).
 """
 
 from __future__ import annotations
@@ -33,11 +31,7 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-import torch
-
-from bidswarm.coordination.base import CoordinationRule, Decision
-from bidswarm.envs.base import MONOLITHIC, TextEnv
-from bidswarm.rollout.swarm import Swarm
+from bidswarm.coordination.base import CoordinationConfig, CoordinationRule, Decision, Situation
 
 _WORD = re.compile(r"\w+")
 
@@ -91,92 +85,58 @@ class SuccessMemory:
         return min(votes, key=lambda agent: (-votes[agent], agent))
 
 
-@dataclass(frozen=True)
-class Holder:
-    """Who acted last in an env, valid only while the env is still in ``state``."""
+@dataclass
+class AgentNetConfig(CoordinationConfig):
+    """AgentNet's router and memory (``conf/coordination/agentnet.yaml``)."""
 
-    agent: int
-    state: tuple[int, str]
-
-
-def env_state_stamp(env: TextEnv) -> tuple[int, str]:
-    """The state fingerprint a holder is valid for: decision index and the shared observation."""
-    return env.decisions_made, env.observation(MONOLITHIC)
+    keep_bid: float = 0.6
+    """The holder keeps acting when its own bid reaches this (the top two default levels)."""
+    memory_size: int = 2048
+    """Successful steps the memory keeps (the newest)."""
+    neighbours: int = 8
+    """Nearest stored steps that vote for the next actor."""
+    min_overlap: float = 0.3
+    """Token overlap (Jaccard) a stored step needs to vote."""
 
 
 class AgentNet(CoordinationRule):
     """The holder keeps the task or forwards it, helped by a memory of successful steps."""
 
-    keep_bid = 0.6
-    """The holder keeps acting when its own bid reaches this (the top two default levels)."""
-    memory_size = 2048
-    neighbours = 8
-    min_overlap = 0.3
+    Config = AgentNetConfig
+    asks_bids = True
+    reads_observations = True
 
-    def __init__(self) -> None:
-        self.memory = SuccessMemory(self.memory_size, self.neighbours, self.min_overlap)
-        self._holders: dict[int, Holder] = {}
-        self._pending: dict[int, frozenset[str]] = {}
-        """Each env's observation tokens at the last decision, stored once the reward is known."""
+    def __init__(self, config: AgentNetConfig | None = None) -> None:
+        config = config or AgentNetConfig(name="agentnet")
+        self.keep_bid = config.keep_bid
+        self.memory = SuccessMemory(config.memory_size, config.neighbours, config.min_overlap)
 
-    def holder(self, env: TextEnv) -> int | None:
-        """The agent that holds the task in ``env`` now (None: at a start or after a restore)."""
-        held = self._holders.get(id(env))
-        if held is None or held.state != env_state_stamp(env):
-            return None
-        return held.agent
+    @classmethod
+    def from_config(cls, config: AgentNetConfig) -> AgentNet:
+        return cls(config)
 
-    def decide(
-        self, swarm: Swarm, envs: list[TextEnv], rng: random.Random, generator: torch.Generator
-    ) -> list[Decision]:
-        n = swarm.n_agents
-        holders = [self.holder(env) for env in envs]
-        tokens = [observation_tokens(env.observation(MONOLITHIC)) for env in envs]
-        for env, env_tokens in zip(envs, tokens, strict=True):
-            self._pending[id(env)] = env_tokens
-        keeps = self._router_keeps(swarm, envs, holders, generator)
-        decisions = []
-        for env, holder, env_tokens, keep in zip(envs, holders, tokens, keeps, strict=True):
-            if holder is not None and keep:
-                actor = holder
-            else:
-                suggested = self.memory.suggest(env_tokens)
-                if holder is None:
-                    actor = suggested if suggested is not None else env.decisions_made % n
-                elif suggested is not None and suggested != holder:
-                    actor = suggested
-                else:
-                    actor = (holder + 1) % n
-            decisions.append(Decision(actor=actor))
-        return decisions
+    def bidders(self, situation: Situation) -> list[int]:
+        """Only the holder bids: its bid decides whether it keeps the task."""
+        return [] if situation.previous_actor is None else [situation.previous_actor]
 
-    def _router_keeps(
-        self,
-        swarm: Swarm,
-        envs: list[TextEnv],
-        holders: list[int | None],
-        generator: torch.Generator,
-    ) -> list[bool]:
-        """Each holder's bid, one batch per holder agent: does it keep the task?"""
-        keeps = [False] * len(envs)
-        by_holder: dict[int, list[int]] = {}
-        for pos, holder in enumerate(holders):
-            if holder is not None:
-                by_holder.setdefault(holder, []).append(pos)
-        for agent, positions in sorted(by_holder.items()):
-            bids = swarm.bid(agent, [envs[p] for p in positions], generator)
-            for pos, bid in zip(positions, bids, strict=True):
-                keeps[pos] = bid.level >= self.keep_bid
-        return keeps
+    def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
+        return [Decision(actor=self._route(situation)) for situation in situations]
+
+    def _route(self, situation: Situation) -> int:
+        holder = situation.previous_actor
+        if holder is not None and situation.bids[holder] >= self.keep_bid:
+            return holder
+        suggested = self.memory.suggest(observation_tokens(situation.observation))
+        if holder is None:
+            return suggested if suggested is not None else situation.decision % situation.n_agents
+        if suggested is not None and suggested != holder:
+            return suggested
+        return (holder + 1) % situation.n_agents
 
     def record_outcomes(
-        self, envs: list[TextEnv], decisions: list[Decision], rewards: list[float]
+        self, situations: list[Situation], decisions: list[Decision], rewards: list[float]
     ) -> None:
-        for env, decision, reward in zip(envs, decisions, rewards, strict=True):
-            pending = self._pending.pop(id(env), None)
-            if decision.actor is None:
-                self._holders.pop(id(env), None)
-                continue
-            if pending is not None:
-                self.memory.add(pending, decision.actor, reward)
-            self._holders[id(env)] = Holder(decision.actor, env_state_stamp(env))
+        """Remember the decided steps that earned reward: who acted, in which observation."""
+        for situation, decision, reward in zip(situations, decisions, rewards, strict=True):
+            if decision.actor is not None and reward > 0.0:
+                self.memory.add(observation_tokens(situation.observation), decision.actor, reward)

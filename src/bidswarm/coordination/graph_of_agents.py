@@ -1,14 +1,17 @@
 """Graph-of-Agents, adapted step-wise [ours]: every agent proposes, peers score, the best acts.
 
-Each decision step, in every live env:
+Each decision step, in every live env, the collector (the rule asks for proposals):
 
-1. every agent proposes its action (``Swarm.act``, one generation batch per agent over envs);
-2. every agent scores the other agents' proposals: the mean token log-prob of the proposal as
-   its own action reply, under its own action prompt (``Swarm.score``, one forward batch per
-   scorer over envs x proposals). This needs no training beyond the action policies: a peer
-   that would itself have written a similar instruction rates it higher;
-3. the proposal with the highest mean peer score acts (ties: uniform at random), and its
-   proposer is the actor. A population of one agent has no peers and scores itself.
+1. has every agent propose its action (one generation batch per agent over envs);
+2. has every agent score the other agents' proposals: the mean token log-prob of the proposal
+   as its own action reply, under its own action prompt (one forward batch per scorer over
+   envs x proposals, micro-batched by ``rl.micro_batch_tokens``). This needs no training beyond
+   the action policies: a peer that would itself have written a similar instruction rates it
+   higher.
+
+The rule then picks the proposal with the highest mean peer score (ties: uniform at random),
+and its proposer is the actor; its proposal is the action. A population of one agent has no
+peers and scores itself.
 
 Per step, with N agents and E live envs: N action generations (batched per agent, E rows each)
 plus N * (N - 1) scoring rows per env (N forward batches of E * (N - 1) rows, no sampling), so
@@ -19,16 +22,12 @@ step records ``winning_bid`` 0 (and bucket-brigade credit becomes the per-step r
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
-import torch
-
-from bidswarm.coordination.base import CoordinationRule, Decision
-from bidswarm.envs.base import TextEnv
-from bidswarm.rollout.records import Reply
-from bidswarm.rollout.swarm import Swarm
+from bidswarm.coordination.base import CoordinationRule, Decision, Situation
 
 
-def peer_scores(scores: list[list[float]]) -> list[float]:
+def peer_scores(scores: Sequence[Sequence[float]]) -> list[float]:
     """Mean score of each proposal over the other agents (``scores[scorer][proposer]``).
 
     A single agent has no peers: its own score stands.
@@ -48,22 +47,7 @@ def best_proposal(values: list[float], rng: random.Random) -> int:
 class GraphOfAgents(CoordinationRule):
     """Every agent proposes an action, agents score each other's proposals, the best acts."""
 
-    def decide(
-        self, swarm: Swarm, envs: list[TextEnv], rng: random.Random, generator: torch.Generator
-    ) -> list[Decision]:
-        n = swarm.n_agents
-        proposals = [swarm.act(agent, envs, generator) for agent in range(n)]
-        # scores[env][scorer][proposer]; the diagonal is only filled for a lone agent.
-        scores = [[[0.0] * n for _ in range(n)] for _ in envs]
-        for scorer in range(n):
-            proposers = [p for p in range(n) if p != scorer] if n > 1 else [scorer]
-            rows: list[tuple[int, int]] = [(e, p) for e in range(len(envs)) for p in proposers]
-            replies: list[Reply] = [proposals[p][e] for e, p in rows]
-            values = swarm.score(scorer, [envs[e] for e, _ in rows], replies)
-            for (e, p), value in zip(rows, values, strict=True):
-                scores[e][scorer][p] = value
-        decisions = []
-        for e in range(len(envs)):
-            winner = best_proposal(peer_scores(scores[e]), rng)
-            decisions.append(Decision(actor=winner, action=proposals[winner][e]))
-        return decisions
+    asks_proposals = True
+
+    def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
+        return [Decision(actor=best_proposal(peer_scores(s.peer_scores), rng)) for s in situations]

@@ -5,9 +5,11 @@ bid ones, a seeded ``SFTConfig.bid_fraction`` share); the monolithic agent (role
 every role's actions (the demonstrations with role None) for as many tokens as the role agents
 of one replica train in total (matched SFT compute).
 The loss is the token mean of the negative log-likelihood of the reply tokens (end of sequence
-included), never of the prompt. One AdamW optimizer holds one param group per agent, each with
-its own cosine schedule over that agent's own steps; an agent with no batch in a step has no
-gradient, so AdamW leaves it unchanged.
+included), never of the prompt. Each agent's batch is forwarded in micro-batches of at most
+``SFTConfig.micro_batch_tokens`` tokens with gradient accumulation: the step is the same, its
+peak memory is set by the budget. One AdamW optimizer holds one param group per agent, each
+with its own cosine schedule over that agent's own steps; an agent with no batch in a step has
+no gradient, so AdamW leaves it unchanged.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
-from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.config import SFTConfig
 from bidswarm.envs.experts import Demonstration
+from bidswarm.lit.accumulation import Backward, GradientAccumulator
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class SFTModule(L.LightningModule):
 
     def __init__(self, population: Population, plans: list[AgentPlan], cfg: SFTConfig):
         super().__init__()
+        self.automatic_optimization = False
         self.population = population
         self.plans = plans
         self.cfg = cfg
@@ -190,22 +194,44 @@ class SFTModule(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(list(range(self.total_steps)), batch_size=None, shuffle=False)
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor | None:
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         step = int(batch)
+        accumulator = GradientAccumulator(self, list(self.population))
         total = None
         for index, (agent, plan) in enumerate(zip(self.population, self.plans, strict=True)):
             examples = plan.batch(step)
             if not examples:
                 continue
-            logprobs, mask = agent.reply_token_logprobs(
-                [e.prompt_ids for e in examples], [e.reply_ids for e in examples]
-            )
-            loss = -(logprobs * mask).sum() / mask.sum()
-            self.losses[index].append(float(loss.detach()))
+            loss = self.agent_loss(index, agent, examples, accumulator.backward)
+            self.losses[index].append(float(loss))
             self.log(f"sft/loss/{self.agent_name(index)}", loss, batch_size=len(examples))
             total = loss if total is None else total + loss
+        if accumulator.synchronize():
+            optimizer = self.optimizers()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        self.lr_schedulers().step()
         if total is not None:
             self.log("sft/loss", total, batch_size=1, prog_bar=True)
+
+    def agent_loss(
+        self,
+        index: int,
+        agent: AgentPolicy,
+        examples: list[SFTExample],
+        backward: Backward,
+    ) -> torch.Tensor:
+        """Token-mean NLL of ``agent``'s replies in ``examples`` (detached); ``backward(index,
+        loss)`` adds its gradient micro-batch by micro-batch."""
+        reply_tokens = float(sum(len(e.reply_ids) for e in examples))
+        total = torch.zeros((), device=agent.device)
+        for part in micro_batches([e.tokens for e in examples], self.cfg.micro_batch_tokens):
+            logprobs, mask = agent.reply_token_logprobs(
+                [examples[i].prompt_ids for i in part], [examples[i].reply_ids for i in part]
+            )
+            loss = -(logprobs * mask).sum() / reply_tokens
+            backward(index, loss)
+            total = total + loss.detach()
         return total
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -1,64 +1,51 @@
-"""SwarmModule: MPT training as a LightningModule with manual optimization.
+"""SwarmModule: the learner. Each update: collect -> log-probs -> loss -> step.
 
 Each Lightning epoch is one update (one batch), so a checkpoint at the end of every epoch
-resumes exactly at the next update. Update ``u`` of a cycle of ``action_updates + bid_updates``
-is an action update (bucket-brigade credit + REINFORCE, Eq. 2) or a bid update (counterfactual
-forks + Bradley-Terry, Eq. 3), each on fresh on-policy episodes collected inside the step.
+resumes exactly at the next update. The collector (``rollout/collector.py``) hands over the
+update's data as plain per-agent batches: an action update's (credit already assigned, Eq. 2)
+or a bid update's (preference pairs from counterfactual forks, Eq. 3). The learner forwards
+each agent's batch in micro-batches of at most ``rl.micro_batch_tokens`` tokens, accumulating
+gradients, so the peak memory of an update is set by the budget and not by envs x decisions;
+then it clips each agent's gradient and steps the one optimizer.
 """
 
 from __future__ import annotations
-
-import random
-import time
-from collections import defaultdict
-from contextlib import contextmanager
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from bidswarm.algorithms.credit import CREDIT_RULES
-from bidswarm.algorithms.losses import bradley_terry_loss, reinforce_loss
+from bidswarm.agents.policy import micro_batches
+from bidswarm.agents.population import Population
+from bidswarm.algorithms.losses import Normalization, bradley_terry_loss, reinforce_loss
 from bidswarm.config import RLConfig
-from bidswarm.rollout.loop import RolloutLoop
-from bidswarm.rollout.metrics import episode_metrics
-from bidswarm.rollout.records import Episode, PreferencePair
+from bidswarm.lit.accumulation import Backward, GradientAccumulator
+from bidswarm.rollout.batches import ActionBatch, BidBatch
+from bidswarm.rollout.collector import Collector
+from bidswarm.rollout.metrics import timed
 
 
 class SwarmModule(L.LightningModule):
-    """Population + RolloutLoop + the 4:1 schedule of action and bid updates."""
+    """The population's learner: one optimizer step per update of the collector's schedule.
+
+    temperature: the sampling temperature, at which log-probs are recomputed.
+    """
 
     def __init__(
-        self,
-        loop: RolloutLoop,
-        rl: RLConfig,
-        credit: str,
-        train_seeds: list[int],
-        seed: int,
+        self, population: Population, collector: Collector, rl: RLConfig, temperature: float
     ):
         super().__init__()
         self.automatic_optimization = False
-        self.loop = loop
-        self.population = loop.swarm.population
+        self.population = population
+        self.collector = collector
         self.rl = rl
-        self.credit_rule = CREDIT_RULES[credit]
-        self.train_seeds = train_seeds
-        self.seed = seed
+        self.temperature = temperature
         self.history: list[dict[str, float]] = []
-        self._timings: dict[str, float] = {}
         self._updates_this_process = 0
 
-    # -- schedule ------------------------------------------------------------------------------
     @property
     def total_updates(self) -> int:
-        return self.rl.cycles * (self.rl.action_updates + self.rl.bid_updates)
-
-    def update_kind(self, update: int) -> str:
-        """``action`` or ``bid``; rules without bids only ever make action updates."""
-        if not self.loop.coordination.asks_bids or self.rl.bid_updates == 0:
-            return "action"
-        cycle = self.rl.action_updates + self.rl.bid_updates
-        return "action" if update % cycle < self.rl.action_updates else "bid"
+        return self.collector.total_updates
 
     # -- Lightning hooks -----------------------------------------------------------------------
     def configure_optimizers(self):
@@ -79,30 +66,12 @@ class SwarmModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         update = self.current_epoch
-        rng, generator = self._randomness(update)
-        kind = self.update_kind(update)
-        self._timings = {}
-        with self._timed("rollout"):
-            seeds = rng.sample(self.train_seeds, self.rl.envs_per_update)
-            episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == "bid")
-        metrics = episode_metrics(episodes, self.loop.swarm)
-        if kind == "action":
-            metrics |= self._action_update(episodes, rng)
-        else:
-            metrics |= self._bid_update(episodes, rng, generator)
-        usage = self.loop.swarm.usage
-        metrics |= {
-            "update": float(update),
-            "update_is_bid": float(kind == "bid"),
-            "tokens/rollout": float(usage.rollout_tokens),
-            "tokens/train": float(usage.train_tokens),
-            "flops/rollout": usage.rollout_flops,
-            "flops/train": usage.train_flops,
-            "flops/total": usage.rollout_flops + usage.train_flops,
-            "parse_failures/bid": float(usage.bid_parse_failures),
-            "invalid_actions": float(usage.invalid_actions),
-        }
-        metrics |= {f"time/{name}": seconds for name, seconds in self._timings.items()}
+        collected = self.collector.collect(update, self.global_rank)
+        timings: dict[str, float] = {}
+        with timed(timings, f"update_{collected.kind}"):
+            losses = self.learn(collected.batches)
+        metrics = collected.metrics | losses
+        metrics |= {f"time/{phase}": seconds for phase, seconds in timings.items()}
         self.history.append(metrics)
         self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, batch_size=1)
         self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=1)
@@ -116,41 +85,85 @@ class SwarmModule(L.LightningModule):
         return len(self.history) >= self.total_updates
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["bidswarm"] = {"usage": self.loop.swarm.usage.as_dict(), "history": self.history}
+        checkpoint["bidswarm"] = {"usage": self.collector.usage.as_dict(), "history": self.history}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["bidswarm"]
-        self.loop.swarm.usage.load(state["usage"])
+        self.collector.usage.load(state["usage"])
         self.history = list(state["history"])
 
-    # -- helpers -------------------------------------------------------------------------------
-    def _randomness(self, update: int) -> tuple[random.Random, torch.Generator]:
-        """Randomness derived from (seed, rank, update): a resumed run replays it exactly."""
-        key = f"{self.seed}/{self.global_rank}/{update}"
-        rng = random.Random(key)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(rng.randrange(2**63))
-        return rng, generator
+    # -- learning ------------------------------------------------------------------------------
+    def learn(self, batches: list[ActionBatch] | list[BidBatch]) -> dict[str, float]:
+        """Each agent's loss, micro-batch by micro-batch with gradient accumulation, then one
+        optimizer step (skipped when no agent has data); returns the losses as metrics."""
+        accumulator = GradientAccumulator(self, self.population.agents)
+        metrics: dict[str, float] = {}
+        totals: dict[str, torch.Tensor] = {}
+        for batch in batches:
+            if isinstance(batch, ActionBatch):
+                name, loss = "loss_action", self.action_loss(batch, accumulator.backward)
+            else:
+                name, loss = "loss_bid", self.bid_loss(batch, accumulator.backward)
+            metrics[f"{name}/agent{batch.agent}"] = float(loss)
+            totals[name] = totals.get(name, 0) + loss
+        if accumulator.synchronize():
+            optimizer = self.optimizers()
+            if self.rl.grad_clip > 0:
+                self._clip_per_agent(optimizer)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return metrics | {name: float(total) for name, total in totals.items()}
 
-    @contextmanager
-    def _timed(self, phase: str):
-        start = time.perf_counter()
-        yield
-        self._timings[phase] = self._timings.get(phase, 0.0) + time.perf_counter() - start
+    def action_loss(self, batch: ActionBatch, backward: Backward) -> torch.Tensor:
+        """Eq. 2 of MPT: REINFORCE of one agent on its action tokens, with the per-agent mean
+        baseline and the normaliser of the whole batch; ``backward(agent, loss)`` per
+        micro-batch. Returns the batch's loss (detached)."""
+        policy = self.population.agents[batch.agent]
+        credits = torch.tensor(batch.credit, dtype=torch.float32, device=policy.device)
+        baseline = credits.mean()
+        normalizer = float(
+            sum(len(r) for r in batch.reply_ids)
+            if self.rl.loss_normalization == Normalization.token_mean
+            else len(batch.reply_ids)
+        )
+        total = torch.zeros((), device=policy.device)
+        for part in micro_batches(batch.row_tokens, self.rl.micro_batch_tokens):
+            logp, mask = policy.reply_token_logprobs(
+                [batch.prompt_ids[i] for i in part],
+                [batch.reply_ids[i] for i in part],
+                temperature=self.temperature,
+            )
+            terms = reinforce_loss(
+                logp,
+                mask,
+                credits[part.start : part.stop],
+                self.rl.loss_normalization,
+                baseline=baseline,
+                normalizer=normalizer,
+            )
+            backward(batch.agent, terms["loss_action"])
+            total = total + terms["loss_action"].detach()
+        return total
 
-    def _backward_and_step(self, losses: list[torch.Tensor]) -> None:
-        """Backward the summed loss and step; with no data, skip (or join the all-reduce)."""
-        optimizer = self.optimizers()
-        if not losses:
-            if self.trainer.world_size == 1:
-                return
-            # Other processes may have data: take part in the gradient all-reduce with zeros.
-            losses = [sum(p.reshape(-1)[0] * 0.0 for p in self.population.parameters())]
-        self.manual_backward(torch.stack([loss.reshape(()) for loss in losses]).sum())
-        if self.rl.grad_clip > 0:
-            self._clip_per_agent(optimizer)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def bid_loss(self, batch: BidBatch, backward: Backward) -> torch.Tensor:
+        """Eq. 3 of MPT: Bradley-Terry of one agent over its preference pairs' bid tokens;
+        both replies of a pair share a forward; ``backward(agent, loss)`` per micro-batch of
+        pairs. Returns the batch's loss (detached)."""
+        policy = self.population.agents[batch.agent]
+        pairs = len(batch.prompt_ids)
+        budget = self.rl.micro_batch_tokens
+        total = torch.zeros((), device=policy.device)
+        # A pair is two rows of one forward: half the budget per pair row.
+        for part in micro_batches(batch.row_tokens, None if budget is None else budget // 2):
+            prompts = [batch.prompt_ids[i] for i in part] * 2
+            replies = [batch.preferred_ids[i] for i in part] + [batch.rejected_ids[i] for i in part]
+            logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)
+            summed = (logp * mask).sum(dim=1)
+            n = len(part)
+            terms = bradley_terry_loss(summed[:n], summed[n:], self.rl.bt_beta, pairs=pairs)
+            backward(batch.agent, terms["loss_bid"])
+            total = total + terms["loss_bid"].detach()
+        return total
 
     def _clip_per_agent(self, optimizer) -> None:
         """Clip each agent's gradient norm to ``rl.grad_clip`` on its own (one param group per
@@ -159,96 +172,3 @@ class SwarmModule(L.LightningModule):
             grads = [p for p in group["params"] if p.grad is not None]
             if grads:
                 torch.nn.utils.clip_grad_norm_(grads, self.rl.grad_clip)
-
-    def _action_update(self, episodes: list[Episode], rng: random.Random) -> dict[str, float]:
-        """Credit, REINFORCE losses per agent, one optimizer step (Eq. 2)."""
-        with self._timed("update_action"):
-            losses, metrics = self.action_losses(episodes, rng)
-            self._backward_and_step(losses)
-        return metrics
-
-    def _bid_update(
-        self, episodes: list[Episode], rng: random.Random, generator: torch.Generator
-    ) -> dict[str, float]:
-        """Counterfactual forks -> preference pairs -> Bradley-Terry per agent (Eq. 3)."""
-        with self._timed("fork"):
-            pairs, stats = self.loop.fork(
-                episodes,
-                self.rl.fork_budget,
-                self.rl.max_bid_resamples,
-                rng,
-                generator,
-                self.rl.bid_resample_temperature,
-                self.rl.fork_steps,
-                self.rl.bid_resample,
-            )
-        with self._timed("update_bid"):
-            losses, metrics = self.bid_losses(pairs)
-            self._backward_and_step(losses)
-        return metrics | stats.as_metrics()
-
-    def action_losses(
-        self, episodes: list[Episode], rng: random.Random
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:
-        """The credit rule over each episode's acting steps, then one REINFORCE loss per agent
-        that acted (Eq. 2 of MPT); agents that did not act get no loss and so no gradient."""
-        samples: dict[int, list] = defaultdict(list)
-        discarded = 0.0
-        for episode in episodes:
-            acting = episode.acting_steps
-            credits, lost = self.credit_rule(
-                [s.reward for s in acting],
-                [s.winning_bid for s in acting],
-                rng,
-                self.loop.swarm.bid_levels,
-            )
-            discarded += lost
-            for step, credit in zip(acting, credits, strict=True):
-                samples[step.actor].append((step.action, credit))
-        metrics = {"credit/discarded": discarded / max(len(episodes), 1)}
-        losses = []
-        for agent, items in sorted(samples.items()):
-            replies = [reply for reply, _ in items]
-            logp, mask = self._reply_logprobs(
-                agent, [r.prompt_ids for r in replies], [r.reply_ids for r in replies]
-            )
-            credits = torch.tensor([c for _, c in items], dtype=logp.dtype, device=logp.device)
-            terms = reinforce_loss(logp, mask, credits, self.rl.loss_normalization)
-            losses.append(terms["loss_action"])
-            metrics[f"loss_action/agent{agent}"] = float(terms["loss_action"].detach())
-        if losses:
-            metrics["loss_action"] = float(sum(loss.detach() for loss in losses))
-        return losses, metrics
-
-    def bid_losses(
-        self, pairs: list[PreferencePair]
-    ) -> tuple[list[torch.Tensor], dict[str, float]]:
-        """One Bradley-Terry loss per agent over its preference pairs' bid tokens (Eq. 3)."""
-        by_agent: dict[int, list[PreferencePair]] = defaultdict(list)
-        for pair in pairs:
-            by_agent[pair.agent].append(pair)
-        losses, metrics = [], {}
-        for agent, agent_pairs in sorted(by_agent.items()):
-            prompts = [p.prompt_ids for p in agent_pairs] * 2
-            replies = [p.preferred_ids for p in agent_pairs] + [p.rejected_ids for p in agent_pairs]
-            logp, mask = self._reply_logprobs(agent, prompts, replies)
-            summed = (logp * mask).sum(dim=1)
-            n = len(agent_pairs)
-            terms = bradley_terry_loss(summed[:n], summed[n:], self.rl.bt_beta)
-            losses.append(terms["loss_bid"])
-            metrics[f"loss_bid/agent{agent}"] = float(terms["loss_bid"].detach())
-        if losses:
-            metrics["loss_bid"] = float(sum(loss.detach() for loss in losses))
-        return losses, metrics
-
-    def _reply_logprobs(
-        self, agent: int, prompt_ids: list[list[int]], reply_ids: list[list[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token log-probs (with gradient) of ``agent``'s replies; counts trained tokens."""
-        policy = self.population.agents[agent]
-        self.loop.swarm.count_trained(
-            agent, sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
-        )
-        return policy.reply_token_logprobs(
-            prompt_ids, reply_ids, temperature=self.loop.swarm.temperature
-        )

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
-import torch
-
-from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
 from bidswarm.rollout.metrics import episode_metrics
 from bidswarm.rollout.records import Episode
-from bidswarm.rollout.swarm import Usage
+from bidswarm.rollout.usage import Usage
 from bidswarm.statistics import per_world_means, summarize
 
 
@@ -37,24 +34,19 @@ def evaluate(
 ) -> Evaluation:
     """Play ``seeds`` x ``runs_per_seed`` episodes (sampling, fixed randomness) in lock-step.
 
-    The swarm's usage counters are swapped for fresh ones while it plays and restored after,
-    so held-out evaluation never shows up in the training ``tokens/*`` and ``flops/*``.
+    The swarm counts into a ledger of its own while it plays (``Swarm.separate_usage``), so
+    held-out evaluation never shows up in the training ``tokens/*`` and ``flops/*``.
     """
-    rng = random.Random(f"eval/{seed}")
     device = next(loop.swarm.population.parameters()).device
-    generator = torch.Generator(device=device)
-    generator.manual_seed(rng.randrange(2**63))
+    rng, generator = seeded_randomness(f"eval/{seed}", device)
     worlds = [s for s in seeds for _ in range(runs_per_seed)]
     episodes: list[Episode] = []
-    training_usage, loop.swarm.usage = loop.swarm.usage, Usage()
-    try:
+    with loop.swarm.separate_usage() as usage:
         for start in range(0, len(worlds), batch_size):
             episodes += loop.run(worlds[start : start + batch_size], rng, generator)
-    finally:
-        usage, loop.swarm.usage = loop.swarm.usage, training_usage
     world_rewards = per_world_means([e.total_reward for e in episodes], [e.seed for e in episodes])
     reward = summarize(list(world_rewards.values()))
-    metrics = episode_metrics(episodes, loop.swarm) | {
+    metrics = episode_metrics(episodes, loop.swarm.roles) | {
         "reward/mean": reward.mean,
         "reward/se": reward.se,
         "reward/ci_low": reward.ci_low,

@@ -1,47 +1,46 @@
-"""Metrics of a batch of episodes: reward, task metrics, participation share per role."""
+"""Metrics of a batch of episodes (reward, task metrics, participation per role) and the
+timing of named phases."""
 
 from __future__ import annotations
 
-import math
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+from bidswarm.envs.base import role_name
 from bidswarm.rollout.records import Episode
-from bidswarm.rollout.swarm import Swarm
+from bidswarm.statistics import summarize
 
 
-def mean_and_se(values: list[float]) -> tuple[float, float]:
-    """Mean and standard error of the mean (0 for fewer than two values)."""
-    n = len(values)
-    if n == 0:
-        return 0.0, 0.0
-    mean = sum(values) / n
-    if n < 2:
-        return mean, 0.0
-    var = sum((v - mean) ** 2 for v in values) / (n - 1)
-    return mean, math.sqrt(var / n)
-
-
-def role_name(role: str | None) -> str:
-    return "all" if role is None else role
-
-
-def episode_metrics(episodes: list[Episode], swarm: Swarm) -> dict[str, float]:
-    """Means over ``episodes`` of reward and every task metric, and who acted how often."""
-    rewards = [e.total_reward for e in episodes]
-    mean, se = mean_and_se(rewards)
-    metrics = {"reward/mean": mean, "reward/se": se, "episodes": float(len(episodes))}
+def episode_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[str, float]:
+    """Means over ``episodes`` of reward (with its SE) and every task metric, and who acted how
+    often; ``roles[i]`` is agent ``i``'s role."""
+    reward = summarize([e.total_reward for e in episodes]) if episodes else None
+    metrics = {
+        "reward/mean": reward.mean if reward else 0.0,
+        "reward/se": reward.se if reward else 0.0,
+        "episodes": float(len(episodes)),
+    }
     keys = sorted({k for e in episodes for k in e.metrics})
     for key in keys:
         metrics[f"task/{key}"] = sum(e.metrics.get(key, 0.0) for e in episodes) / len(episodes)
     acting = Counter(
-        role_name(swarm.role(s.actor)) for e in episodes for s in e.steps if s.actor is not None
+        role_name(roles[s.actor]) for e in episodes for s in e.steps if s.actor is not None
     )
     steps = sum(len(e.steps) for e in episodes)
     total_acting = sum(acting.values())
-    roles = sorted({role_name(swarm.role(a)) for a in range(swarm.n_agents)})
-    for role in roles:
+    for role in sorted({role_name(role) for role in roles}):
         metrics[f"participation/{role}"] = acting[role] / max(total_acting, 1)
     metrics["skipped_fraction"] = (steps - total_acting) / max(steps, 1)
     contested = sum(s.contested for e in episodes for s in e.steps)
     metrics["contested_fraction"] = contested / max(total_acting, 1)
     return metrics
+
+
+@contextmanager
+def timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    """Add the seconds the block takes to ``timings[phase]`` (logged as ``time/<phase>``)."""
+    start = time.perf_counter()
+    yield
+    timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start

@@ -1,9 +1,11 @@
-"""Plain records of what happened in an episode, consumed by the credit rules and the losses."""
+"""Plain records of what happened in an episode: what the collector turns into batches."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from bidswarm.coordination.base import Decision
 
 
 @dataclass(frozen=True)
@@ -25,45 +27,33 @@ class Bid(NamedTuple):
 
 
 @dataclass
-class Decision:
-    """A coordination rule's choice for one environment; ``actor`` None skips the step.
+class StepRecord:
+    """One decision step of one episode: the rule's decision, what the collector sampled for
+    it, and what the environment made of it.
 
-    bids / bid_replies: parsed bid and bid reply per agent (empty when the rule asks none).
-    runner_up / runner_up_bid: the best other bidder (forks let it act instead).
-    action: set when the rule already produced the action (e.g. by scoring proposals).
-    """
-
-    actor: int | None
-    winning_bid: float = 0.0
-    runner_up: int | None = None
-    runner_up_bid: float = 0.0
-    bids: list[float] = field(default_factory=list)
-    bid_replies: list[Reply] = field(default_factory=list)
-    action: Reply | None = None
-
-
-@dataclass
-class StepRecord(Decision):
-    """One decision step of one episode: the decision, and what the environment made of it.
-
+    index:    the decision step of the episode (skipped steps count).
+    bids:     the bids sampled for the rule, by agent (empty when it asks none).
+    action:   the actor's action reply (None when the step was skipped).
     snapshot: environment state before the action, kept only for contested steps when forks
               are wanted.
     """
 
-    decision: int = 0
+    index: int
+    decision: Decision
+    bids: dict[int, Bid] = field(default_factory=dict)
+    action: Reply | None = None
     reward: float = 0.0
     valid_action: bool = True
     snapshot: Any = None
 
-    @classmethod
-    def of(cls, decision: Decision, index: int) -> StepRecord:
-        """The record of ``decision`` made at decision step ``index``."""
-        return cls(**{f.name: getattr(decision, f.name) for f in fields(Decision)}, decision=index)
+    @property
+    def actor(self) -> int | None:
+        return self.decision.actor
 
     @property
     def contested(self) -> bool:
         """PAPER.md section 4: the runner-up bid is non-zero."""
-        return self.actor is not None and self.runner_up_bid > 0.0
+        return self.decision.contested
 
 
 @dataclass
@@ -83,9 +73,9 @@ class Episode:
         """The chain of actors that credit flows along (skipped steps dropped, PAPER.md 3)."""
         return [step for step in self.steps if step.actor is not None]
 
-    def reward_from(self, decision: int) -> float:
-        """Environment reward from ``decision`` (inclusive) to the end: a fork's branch score."""
-        return sum(step.reward for step in self.steps if step.decision >= decision)
+    def reward_from(self, index: int) -> float:
+        """Environment reward from step ``index`` (inclusive) to the end: a fork's branch score."""
+        return sum(step.reward for step in self.steps if step.index >= index)
 
 
 @dataclass(frozen=True)

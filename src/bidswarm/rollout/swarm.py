@@ -1,46 +1,32 @@
-"""The swarm as the rollout loop sees it: batched bids and actions per agent, with accounting.
+"""The swarm as the collector sees it: batched bids, actions and scores per agent, counted.
 
 Every call is batched per agent over many environments (one generation batch, left padding,
-KV cache), and counts the tokens it processed so training FLOPs can be reported (PAPER.md 5).
+KV cache; scoring in forwards of at most ``token_budget`` tokens) and counts the tokens it
+processed in the swarm's :class:`~bidswarm.rollout.usage.Usage` (PAPER.md section 5).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
-from bidswarm.envs.experts import format_bid
 from bidswarm.envs.base import TextEnv
+from bidswarm.envs.experts import format_bid
 from bidswarm.rollout.records import Bid, Reply
-
-
-@dataclass
-class Usage:
-    """Token and FLOP counters (2 * params per generated or scored token, 6 * params trained)."""
-
-    rollout_tokens: int = 0
-    train_tokens: int = 0
-    rollout_flops: float = 0.0
-    train_flops: float = 0.0
-    bid_parse_failures: int = 0
-    bids_made: int = 0
-    invalid_actions: int = 0
-    actions_made: int = 0
-
-    def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in vars(self).items()}
-
-    def load(self, values: dict[str, float]) -> None:
-        for key, value in values.items():
-            setattr(self, key, type(getattr(self, key))(value))
+from bidswarm.rollout.usage import Usage
 
 
 class Swarm:
-    """Population + prompt templates + generation settings + usage counters."""
+    """Population + prompt templates + generation settings + the usage ledger.
+
+    token_budget: the most tokens one scoring forward may see (``rl.micro_batch_tokens``;
+    None: no limit).
+    """
 
     def __init__(
         self,
@@ -50,6 +36,7 @@ class Swarm:
         max_action_tokens: int,
         temperature: float,
         bid_population: Population | None = None,
+        token_budget: int | None = None,
     ):
         self.population = population
         self.bid_population = bid_population or population
@@ -59,6 +46,7 @@ class Swarm:
         self.max_bid_tokens = max_bid_tokens
         self.max_action_tokens = max_action_tokens
         self.temperature = temperature
+        self.token_budget = token_budget
         self.usage = Usage()
         self.params_per_agent = [
             sum(p.numel() for p in agent.parameters()) for agent in population.agents
@@ -68,8 +56,21 @@ class Swarm:
     def n_agents(self) -> int:
         return len(self.population.agents)
 
+    @property
+    def roles(self) -> list[str | None]:
+        return self.population.roles
+
     def role(self, agent: int) -> str | None:
         return self.population.agents[agent].role
+
+    @contextmanager
+    def separate_usage(self) -> Iterator[Usage]:
+        """Count into a fresh ledger inside the block (held-out evaluation), then restore."""
+        kept, self.usage = self.usage, Usage()
+        try:
+            yield self.usage
+        finally:
+            self.usage = kept
 
     def _generate(
         self,
@@ -107,13 +108,12 @@ class Swarm:
         replies = self._generate(
             policy, agent, prompts, self.max_bid_tokens, generator, temperature
         )
-        out = []
+        bids = []
         for reply in replies:
-            level, ok = parse_bid(reply.text, self.bid_levels)
-            self.usage.bids_made += 1
-            self.usage.bid_parse_failures += not ok
-            out.append(Bid(level, reply, ok))
-        return out
+            level, parsed = parse_bid(reply.text, self.bid_levels)
+            bids.append(Bid(level, reply, parsed))
+        self.usage.count_bids(bid.parsed for bid in bids)
+        return bids
 
     def bid_below(
         self,
@@ -143,12 +143,9 @@ class Swarm:
         rows = [(k, level) for k, levels in enumerate(candidates) for level in levels]
         prompt_ids = [prompts[k] for k, _ in rows]
         reply_ids = [replies[level] for _, level in rows]
-        with torch.no_grad():
-            logprobs, mask = policy.reply_token_logprobs(prompt_ids, reply_ids)
-        self._count_rollout(
-            agent, sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
-        )
-        scores = (logprobs * mask).sum(dim=1) / (temperature or self.temperature)
+        sums, _ = policy.sequence_logprobs(prompt_ids, reply_ids, token_budget=self.token_budget)
+        self._count_rollout(agent, _tokens(prompt_ids, reply_ids))
+        scores = sums / (temperature or self.temperature)
         drawn, start = [], 0
         for k, levels in enumerate(candidates):
             weights = torch.softmax(scores[start : start + len(levels)], dim=0)
@@ -170,7 +167,7 @@ class Swarm:
         return [self.prompts.action(role, env.observation(role)) for env in envs]
 
     def score(self, agent: int, envs: list[TextEnv], replies: list[Reply]) -> list[float]:
-        """Mean token log-prob of each reply as ``agent``'s own action in its env (one batch).
+        """Mean token log-prob of each reply as ``agent``'s own action in its env.
 
         ``replies[k]`` is scored in ``envs[k]`` under ``agent``'s action prompt, at the sampling
         temperature; an empty reply scores ``-inf``. Counted as rollout tokens and FLOPs.
@@ -178,22 +175,22 @@ class Swarm:
         policy = self.population.agents[agent]
         prompt_ids = policy.encode_prompts(self._action_prompts(agent, envs))
         reply_ids = [reply.reply_ids for reply in replies]
-        with torch.no_grad():
-            logprobs, mask = policy.reply_token_logprobs(prompt_ids, reply_ids, self.temperature)
-        self._count_rollout(
-            agent, sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
+        sums, lengths = policy.sequence_logprobs(
+            prompt_ids, reply_ids, self.temperature, self.token_budget
         )
-        lengths = mask.sum(dim=1)
-        means = (logprobs * mask).sum(dim=1) / lengths.clamp(min=1)
+        self._count_rollout(agent, _tokens(prompt_ids, reply_ids))
+        means = sums / lengths.clamp(min=1)
         pairs = zip(means.tolist(), lengths.tolist(), strict=True)
         return [mean if n > 0 else float("-inf") for mean, n in pairs]
 
     def _count_rollout(self, agent: int, tokens: int) -> None:
-        """Generated or scored tokens: 2 * params FLOPs each (PAPER.md section 5, [ours])."""
-        self.usage.rollout_tokens += tokens
-        self.usage.rollout_flops += 2.0 * self.params_per_agent[agent] * tokens
+        self.usage.count_rollout(self.params_per_agent[agent], tokens)
 
     def count_trained(self, agent: int, tokens: int) -> None:
-        """Trained tokens: 6 * params FLOPs each (forward + backward)."""
-        self.usage.train_tokens += tokens
-        self.usage.train_flops += 6.0 * self.params_per_agent[agent] * tokens
+        """Tokens a learner forward of ``agent`` will train on (6 * params FLOPs each)."""
+        self.usage.count_trained(self.params_per_agent[agent], tokens)
+
+
+def _tokens(prompt_ids: list[list[int]], reply_ids: list[list[int]]) -> int:
+    """Tokens a forward over these prompt + reply rows processes (padding not counted)."""
+    return sum(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))

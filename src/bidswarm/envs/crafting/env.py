@@ -264,7 +264,7 @@ class CraftingEnv(TextEnv):
             raise RuntimeError("step() after the episode ended; call reset()")
         if actor_role not in self._allowed:
             raise ValueError(f"unknown role {actor_role!r}; roles are {self.roles} or None")
-        who = actor_role or "agent"
+        who = role_name(actor_role)
         instruction = parse_instruction(action, self._allowed[actor_role])
         before = dict(self.inventory)
         if instruction is None:

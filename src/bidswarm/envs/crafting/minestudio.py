@@ -17,7 +17,7 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
-from bidswarm.envs.base import StepResult, TextEnv
+from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.crafting.env import (
@@ -274,7 +274,7 @@ class MineStudioCraftingEnv(TextEnv):
         raise AssertionError("the MineStudio adapter refuses task.memory, so no reply is a note")
 
     def act(self, actor_role: str | None, action: str) -> StepResult:
-        who = actor_role or "agent"
+        who = role_name(actor_role)
         instruction = parse_instruction(action, self._allowed[actor_role])
         index = len(self.prefix)
         self.prefix.append((actor_role, action))

@@ -73,7 +73,7 @@ class NavigationRules(TextEnv):
         self._decisions += 1
         command = parse_action(action)
         if command is None or not role_may_act(actor_role, command):
-            self._last = rejection_message(actor_role or "agent", action, command)
+            self._last = rejection_message(role_name(actor_role), action, command)
             self._done = self._decisions >= self.config.max_decisions
             return None, StepResult(0.0, self._done, valid=False, message=self._last)
         return command, None

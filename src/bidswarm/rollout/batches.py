@@ -1,0 +1,102 @@
+"""What the collector hands the learner: one plain batch per agent, and how it is made.
+
+An action update's batches come from the episodes by the configured credit rule (Eq. 2, the
+collector's post-processing step, chosen from ``algorithms.credit.CREDIT_RULES``); a bid
+update's from the forks' preference pairs (Eq. 3).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bidswarm.algorithms.credit import CreditRule
+from bidswarm.rollout.loop import group_by
+from bidswarm.rollout.records import Episode, PreferencePair
+
+
+@dataclass(frozen=True)
+class ActionBatch:
+    """One agent's acting steps: the prompt it saw, the action it wrote, the step's credit."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    reply_ids: list[list[int]]
+    credit: list[float]
+
+    @property
+    def row_tokens(self) -> list[int]:
+        """Prompt + reply tokens of each row (what a learner forward over the row sees)."""
+        return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.reply_ids, strict=True)]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the learner forwards."""
+        return sum(self.row_tokens)
+
+
+@dataclass(frozen=True)
+class BidBatch:
+    """One agent's preference pairs: two bid replies in the same context, preferred first."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    preferred_ids: list[list[int]]
+    rejected_ids: list[list[int]]
+
+    @property
+    def row_tokens(self) -> list[int]:
+        """Per pair, the tokens of its longer row (prompt + preferred or rejected reply)."""
+        return [
+            len(p) + max(len(w), len(r))
+            for p, w, r in zip(self.prompt_ids, self.preferred_ids, self.rejected_ids, strict=True)
+        ]
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the learner forwards: each prompt twice, both replies."""
+        return sum(
+            2 * len(p) + len(w) + len(r)
+            for p, w, r in zip(self.prompt_ids, self.preferred_ids, self.rejected_ids, strict=True)
+        )
+
+
+def credited_batches(
+    episodes: list[Episode], credit_rule: CreditRule, rng: random.Random, levels: Sequence[float]
+) -> tuple[list[ActionBatch], float]:
+    """The credit rule over each episode's acting steps, grouped into one batch per agent that
+    acted (by agent index; rows in episode order), and the mean discarded credit per episode.
+    Agents that did not act get no batch, and so no gradient."""
+    rows = []
+    discarded = 0.0
+    for episode in episodes:
+        acting = episode.acting_steps
+        credits, lost = credit_rule(
+            [s.reward for s in acting], [s.decision.winning_bid for s in acting], rng, levels
+        )
+        discarded += lost
+        rows += [(s.actor, s.action, c) for s, c in zip(acting, credits, strict=True)]
+    batches = [
+        ActionBatch(
+            agent,
+            [action.prompt_ids for _, action, _ in items],
+            [action.reply_ids for _, action, _ in items],
+            [credit for _, _, credit in items],
+        )
+        for agent, items in group_by(rows, lambda row: row[0])
+    ]
+    return batches, discarded / max(len(episodes), 1)
+
+
+def preference_batches(pairs: list[PreferencePair]) -> list[BidBatch]:
+    """One batch per agent with preference pairs (by agent index; pairs in their order)."""
+    return [
+        BidBatch(
+            agent,
+            [p.prompt_ids for p in items],
+            [p.preferred_ids for p in items],
+            [p.rejected_ids for p in items],
+        )
+        for agent, items in group_by(pairs, lambda pair: pair.agent)
+    ]

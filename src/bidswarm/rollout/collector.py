@@ -1,0 +1,118 @@
+"""The collector: each update's fresh on-policy data as plain per-agent batches and metrics.
+
+Update ``u`` of a cycle of ``rl.action_updates + rl.bid_updates`` is an action update or a bid
+update (:meth:`Collector.update_kind`). For either, the collector draws ``rl.envs_per_update``
+training worlds and plays them in lock-step (``RolloutLoop.run``); then
+
+- action update: the configured credit rule over each episode's acting steps (Eq. 2), grouped
+  into one :class:`~bidswarm.rollout.batches.ActionBatch` per agent that acted;
+- bid update: counterfactual forks of contested steps (``rollout/forks.py``) -> preference
+  pairs, one :class:`~bidswarm.rollout.batches.BidBatch` per agent with pairs (Eq. 3).
+
+It counts the tokens the learner will train on, and returns the batches with the update's
+metrics (reward, participation, the fork funnel, tokens and FLOPs, time per phase). The
+learner (``lit/swarm_module.py``) only turns batches into gradient steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from bidswarm.algorithms.credit import CREDIT_RULES
+from bidswarm.config import RLConfig
+from bidswarm.rollout.batches import (
+    ActionBatch,
+    BidBatch,
+    credited_batches,
+    preference_batches,
+)
+from bidswarm.rollout.forks import fork_pairs
+from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
+from bidswarm.rollout.metrics import episode_metrics, timed
+from bidswarm.rollout.usage import Usage
+
+
+class UpdateKind(str, Enum):
+    action = "action"
+    """Bucket-brigade credit (or the configured rule) + REINFORCE on action tokens (Eq. 2)."""
+    bid = "bid"
+    """Counterfactual forks + Bradley-Terry on bid tokens (Eq. 3)."""
+
+    __str__ = str.__str__
+
+
+@dataclass
+class Collected:
+    """One update's data: the batches (one per agent with data) and the metrics so far."""
+
+    kind: UpdateKind
+    batches: list[ActionBatch] | list[BidBatch]
+    metrics: dict[str, float]
+
+
+class Collector:
+    """Collects the data of every update of the schedule from a :class:`RolloutLoop`.
+
+    credit: the ``credit.name`` of the credit rule (``algorithms.credit.CREDIT_RULES``).
+    train_seeds: the worlds each update draws from.
+    seed: the run's seed; update ``u`` of rank ``r`` draws all its randomness from
+    ``(seed, r, u)``, so a resumed run replays it exactly.
+    """
+
+    def __init__(
+        self, loop: RolloutLoop, rl: RLConfig, credit: str, train_seeds: list[int], seed: int
+    ):
+        self.loop = loop
+        self.rl = rl
+        self.credit_rule = CREDIT_RULES[credit]
+        self.train_seeds = train_seeds
+        self.seed = seed
+
+    @property
+    def usage(self) -> Usage:
+        """The training ledger (tokens, FLOPs, parse failures); checkpointed by the learner."""
+        return self.loop.swarm.usage
+
+    @property
+    def total_updates(self) -> int:
+        return self.rl.cycles * (self.rl.action_updates + self.rl.bid_updates)
+
+    def update_kind(self, update: int) -> UpdateKind:
+        """The 4:1 schedule; rules without contested steps only ever make action updates."""
+        if not self.loop.coordination.makes_contested_steps or self.rl.bid_updates == 0:
+            return UpdateKind.action
+        cycle = self.rl.action_updates + self.rl.bid_updates
+        return UpdateKind.action if update % cycle < self.rl.action_updates else UpdateKind.bid
+
+    def collect(self, update: int, rank: int = 0) -> Collected:
+        """Fresh episodes for ``update`` on process ``rank`` -> per-agent batches + metrics."""
+        kind = self.update_kind(update)
+        swarm = self.loop.swarm
+        device = next(swarm.population.parameters()).device
+        rng, generator = seeded_randomness(f"{self.seed}/{rank}/{update}", device)
+        timings: dict[str, float] = {}
+        with timed(timings, "rollout"):
+            seeds = rng.sample(self.train_seeds, self.rl.envs_per_update)
+            episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == UpdateKind.bid)
+        metrics = episode_metrics(episodes, swarm.roles)
+        batches: list[ActionBatch] | list[BidBatch]
+        if kind == UpdateKind.action:
+            with timed(timings, "credit"):
+                batches, discarded = credited_batches(
+                    episodes, self.credit_rule, rng, swarm.bid_levels
+                )
+            metrics["credit/discarded"] = discarded
+        else:
+            with timed(timings, "fork"):
+                pairs, stats = fork_pairs(self.loop, episodes, self.rl, rng, generator)
+            batches = preference_batches(pairs)
+            metrics |= stats.as_metrics()
+        for batch in batches:
+            swarm.count_trained(batch.agent, batch.tokens)
+        metrics |= self.usage.as_metrics() | {
+            "update": float(update),
+            "update_is_bid": float(kind == UpdateKind.bid),
+        }
+        metrics |= {f"time/{phase}": seconds for phase, seconds in timings.items()}
+        return Collected(kind, batches, metrics)

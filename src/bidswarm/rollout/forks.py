@@ -1,0 +1,165 @@
+"""Counterfactual forks of contested steps -> preference pairs of the winner's bids (Eq. 3).
+
+PAPER.md section 4: for a contested step, restore the world, resample the winner's bid until it
+falls below the runner-up's (so the runner-up acts), roll the branch out with the current
+policies, and prefer the bid whose branch earned more from that step on; ties are dropped.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from bidswarm.algorithms.losses import fork_preference
+from bidswarm.config import BidResampling, ForkSteps, RLConfig
+from bidswarm.envs.base import TextEnv
+from bidswarm.rollout.loop import RolloutLoop, group_by
+from bidswarm.rollout.records import Episode, PreferencePair, Reply, StepRecord
+
+
+@dataclass
+class ForkStats:
+    """The funnel of one bid phase (PAPER.md section 4), from contested steps to pairs."""
+
+    contested: int = 0
+    eligible: int = 0
+    """Contested steps the selection rule allows (``rl.fork_steps``)."""
+    chosen: int = 0
+    """Eligible steps drawn within the per-episode budget."""
+    resampled_below: int = 0
+    """Chosen steps where a parsed resample fell below the runner-up: a branch was played."""
+    unparsed_resamples: int = 0
+    """Resampled bid replies that did not parse (never used as a counterfactual bid)."""
+    tied: int = 0
+    pairs: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"forks/{name}": float(value) for name, value in vars(self).items()}
+
+
+def forkable_steps(episode: Episode, fork_steps: ForkSteps) -> list[StepRecord]:
+    """The contested steps of ``episode`` (with a snapshot) that ``fork_steps`` allows.
+
+    ``all``: every contested step (the paper's, which does not say more). ``until_last_reward``
+    [ours]: only those at or before the episode's last rewarded decision (all of them when the
+    episode earned nothing). After the last reward the recorded branch scores 0, and a single
+    change of actor there rarely earns anything either: most such forks tie and are dropped.
+    """
+    contested = [s for s in episode.steps if s.contested and s.snapshot is not None]
+    rewarded = [s.index for s in episode.steps if s.reward != 0.0]
+    if fork_steps == ForkSteps.all or not rewarded:
+        return contested
+    return [s for s in contested if s.index <= rewarded[-1]]
+
+
+def fork_pairs(
+    loop: RolloutLoop,
+    episodes: list[Episode],
+    rl: RLConfig,
+    rng: random.Random,
+    generator: torch.Generator,
+) -> tuple[list[PreferencePair], ForkStats]:
+    """Counterfactual forks of contested steps (PAPER.md section 4) -> preference pairs.
+
+    For each chosen contested step (``rl.fork_budget`` per episode, drawn uniformly among the
+    steps :func:`forkable_steps` allows): restore the world, redraw the winner's bid below the
+    runner-up's (``rl.bid_resample``: up to ``rl.max_bid_resamples`` parsed-or-not resamples,
+    or a draw restricted to the levels below), let the runner-up act, roll the branch out with
+    the current policies and compare the reward from that step on with the recorded episode's.
+    Ties and failed resamples are dropped; every stage is counted in the returned
+    :class:`ForkStats`.
+    """
+    stats = ForkStats()
+    chosen: list[tuple[Episode, StepRecord]] = []
+    for episode in episodes:
+        stats.contested += sum(s.contested for s in episode.steps)
+        eligible = forkable_steps(episode, rl.fork_steps)
+        stats.eligible += len(eligible)
+        for step in rng.sample(eligible, min(rl.fork_budget, len(eligible))):
+            chosen.append((episode, step))
+    stats.chosen = len(chosen)
+    if not chosen:
+        return [], stats
+    envs = loop.envs(len(chosen))
+    for env, (_, step) in zip(envs, chosen, strict=True):
+        env.restore(step.snapshot)
+    steps = [step for _, step in chosen]
+    if rl.bid_resample == BidResampling.rejection:
+        resampled = _resample_bids(loop, envs, steps, rl, generator, stats)
+    else:
+        resampled = _draw_bids_below(loop, envs, steps, rl, generator)
+    kept = [k for k, reply in enumerate(resampled) if reply is not None]
+    stats.resampled_below = len(kept)
+    if not kept:
+        return [], stats
+    branches = [Episode(seed=chosen[k][0].seed) for k in kept]
+    first_actors = [chosen[k][1].decision.runner_up for k in kept]
+    loop.play([envs[k] for k in kept], branches, rng, generator, first_actors=first_actors)
+    pairs = []
+    for k, branch in zip(kept, branches, strict=True):
+        episode, step = chosen[k]
+        original, counterfactual = step.bids[step.actor].reply, resampled[k]
+        preference = fork_preference(episode.reward_from(step.index), branch.total_reward)
+        if preference == 0:
+            stats.tied += 1
+            continue
+        better, worse = (original, counterfactual) if preference > 0 else (counterfactual, original)
+        pairs.append(
+            PreferencePair(step.actor, original.prompt_ids, better.reply_ids, worse.reply_ids)
+        )
+    stats.pairs = len(pairs)
+    return pairs, stats
+
+
+def _draw_bids_below(
+    loop: RolloutLoop,
+    envs: list[TextEnv],
+    steps: list[StepRecord],
+    rl: RLConfig,
+    generator: torch.Generator,
+) -> list[Reply | None]:
+    """Per fork, the winner's bid drawn among the levels below the runner-up's."""
+    found: list[Reply | None] = [None] * len(steps)
+    for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
+        drawn = loop.swarm.bid_below(
+            agent,
+            [envs[k] for k in ks],
+            [steps[k].decision.runner_up_bid for k in ks],
+            generator,
+            rl.bid_resample_temperature,
+        )
+        for k, reply in zip(ks, drawn, strict=True):
+            found[k] = reply
+    return found
+
+
+def _resample_bids(
+    loop: RolloutLoop,
+    envs: list[TextEnv],
+    steps: list[StepRecord],
+    rl: RLConfig,
+    generator: torch.Generator,
+    stats: ForkStats,
+) -> list[Reply | None]:
+    """Per fork, the first of ``rl.max_bid_resamples`` resampled winner bids that parsed and
+    fell below the runner-up's, or None. A malformed reply would count as bid 0 in the auction,
+    but it is no bid the policy could be taught to prefer: it never becomes a counterfactual."""
+    tries = rl.max_bid_resamples
+    found: list[Reply | None] = [None] * len(steps)
+    for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
+        samples = loop.swarm.bid(
+            agent,
+            [envs[k] for k in ks],
+            generator,
+            copies=tries,
+            temperature=rl.bid_resample_temperature,
+        )
+        for j, k in enumerate(ks):
+            for bid in samples[j * tries : (j + 1) * tries]:
+                stats.unparsed_resamples += not bid.parsed
+                if bid.parsed and bid.level < steps[k].decision.runner_up_bid:
+                    found[k] = bid.reply
+                    break
+    return found

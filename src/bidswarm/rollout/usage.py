@@ -1,0 +1,71 @@
+"""The collector's ledger: tokens, FLOPs, bids, parse failures and actions, counted here only.
+
+FLOPs follow PAPER.md section 5 [ours]: 2 * params per generated or scored token (rollout),
+6 * params per trained token (forward + backward), over all agents, forks included. The
+collector writes the ledger: the swarm counts what it generates and scores, the loop the
+actions, the collector the trained tokens of the batches it hands to the learner. Held-out
+evaluation counts into a ledger of its own (``Swarm.separate_usage``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class Usage:
+    """Running totals of one run's training (or of one evaluation)."""
+
+    rollout_tokens: int = 0
+    train_tokens: int = 0
+    rollout_flops: float = 0.0
+    train_flops: float = 0.0
+    bid_parse_failures: int = 0
+    bids_made: int = 0
+    invalid_actions: int = 0
+    actions_made: int = 0
+
+    def count_rollout(self, params: int, tokens: int) -> None:
+        """Generated or scored tokens of an agent with ``params`` parameters."""
+        self.rollout_tokens += tokens
+        self.rollout_flops += 2.0 * params * tokens
+
+    def count_trained(self, params: int, tokens: int) -> None:
+        """Trained tokens (prompt + reply of every row a learner forward sees)."""
+        self.train_tokens += tokens
+        self.train_flops += 6.0 * params * tokens
+
+    def count_bids(self, parsed: Iterable[bool]) -> None:
+        """Bid replies made, and which parsed (a malformed one counts as bid 0)."""
+        for ok in parsed:
+            self.bids_made += 1
+            self.bid_parse_failures += not ok
+
+    def count_action(self, valid: bool) -> None:
+        self.actions_made += 1
+        self.invalid_actions += not valid
+
+    def as_metrics(self) -> dict[str, float]:
+        """The logged names: ``tokens/*``, ``flops/*``, ``parse_failures/bid``,
+        ``invalid_actions``."""
+        return {
+            "tokens/rollout": float(self.rollout_tokens),
+            "tokens/train": float(self.train_tokens),
+            "flops/rollout": self.rollout_flops,
+            "flops/train": self.train_flops,
+            "flops/total": self.rollout_flops + self.train_flops,
+            "parse_failures/bid": float(self.bid_parse_failures),
+            "invalid_actions": float(self.invalid_actions),
+        }
+
+    def as_dict(self) -> dict[str, float]:
+        """Every counter, for a checkpoint."""
+        return {key: float(value) for key, value in asdict(self).items()}
+
+    def load(self, values: dict[str, float]) -> None:
+        """Counters saved by :meth:`as_dict`."""
+        for counter in fields(self):
+            if counter.name in values:
+                kind = int if counter.type in ("int", int) else float
+                setattr(self, counter.name, kind(values[counter.name]))
