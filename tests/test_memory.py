@@ -158,8 +158,9 @@ def expert_decisions(env: TextEnv, seeds: list[int]) -> dict:
         ("navigation", {}, 60),
         ("research", {}, 60),
         ("research", {"private_results": True, "max_hops": 2}, 120),
+        ("crafting", {"private_inventory": True, "target": "wooden_pickaxe"}, 80),
     ],
-    ids=["crafting", "navigation", "research", "research_private"],
+    ids=["crafting", "navigation", "research", "research_private", "crafting_private"],
 )
 def test_the_experts_decide_from_the_observation_with_the_memory_on(name, fields, episodes):
     env = make(name, **fields)
@@ -185,6 +186,41 @@ def test_the_research_finder_notes_each_fact_for_the_next_hop(cache_dir):
         episode = play_expert_episode(env, seed, BID_LEVELS)
         assert episode.metrics["success"] == 1.0
         assert episode.metrics["memory/notes"] == len(env.question.hops) - 1 == 1
+
+
+# -- crafting with a private inventory: the Smith asks for wood through the memory ---------------
+WOOD = MemoryConfig(size=1, top_k=1, note_words=4)
+
+
+def test_private_inventory_needs_the_memory():
+    with pytest.raises(ValueError, match=r"task\.private_inventory"):
+        make("crafting", MemoryConfig(), private_inventory=True)
+
+
+def test_the_logger_sees_no_inventory_and_only_its_own_events():
+    env = make("crafting", WOOD, private_inventory=True, target="wooden_pickaxe")
+    env.reset(0)
+    env.step("smith", "note: need wood")
+    env.step("logger", env.expert_action("logger"))
+    env.step("smith", "craft planks")
+    logger, smith = env.observation("logger"), env.observation("smith")
+    assert "inventory" not in logger and "smith craft planks" not in logger
+    assert "inventory" in smith and "smith craft planks" in smith
+
+
+def test_the_logger_gathers_wood_only_when_the_smith_asks():
+    env = make("crafting", WOOD, private_inventory=True, target="wooden_pickaxe")
+    for seed in env.heldout_seeds()[:16]:
+        episode = play_expert_episode(env, seed, BID_LEVELS)
+        assert episode.metrics["success"] == 1.0
+        actions = [(d.role, d.reply) for d in episode.demonstrations if d.kind == "action"]
+        actions = [action for action in actions if action[0] is not None]
+        assert actions[0] == ("smith", "note: need wood")
+        for (role, reply), before in zip(actions[1:], actions, strict=False):
+            if role == "logger" and before[0] != "logger":
+                assert before == ("smith", "note: need wood")
+        chops = [reply for role, reply in actions if reply.startswith("chop a tree")]
+        assert chops and all(reply.endswith("note: got wood") for reply in chops)
 
 
 # -- research with private results: the memory is the only way facts travel ---------------------

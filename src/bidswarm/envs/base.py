@@ -148,8 +148,7 @@ class TextEnv(abc.ABC):
             result = self.act(actor_role, action)
         wrote, cut = None, False
         if note is not None:
-            writer = actor_role if actor_role is not None else "monolithic"
-            wrote, cut = self.memory.write(step_index, writer, note)
+            wrote, cut = self.memory.write(step_index, role_name(actor_role), note)
         return replace(result, memory=MemoryTrace(reads, wrote, cut))
 
     @abc.abstractmethod

@@ -92,6 +92,12 @@ def split_note(reply: str) -> tuple[str, str | None]:
     return reply[: match.start()].strip(), note
 
 
+def memo_entries(observation: str) -> list[str]:
+    """The notes an observation's ``Memo:`` line shows, newest first, each ``writer: text``."""
+    line = next((ln for ln in observation.splitlines() if ln.startswith("Memo: ")), "")
+    return line.removeprefix("Memo: ").split(" | ") if line else []
+
+
 def words(text: str) -> set[str]:
     """Lower-case word set of ``text``, the unit of token overlap."""
     return set(_WORD.findall(text.lower()))

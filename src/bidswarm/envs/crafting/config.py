@@ -31,6 +31,8 @@ class CraftingConfig(TaskConfig):
         ``graded`` [ours] by how soon the plan needs the role (0.8 next, then 0.6, 0.4, 0.2;
         0 when not needed), ``two_level`` 0.8 next / 0.4 later / 0. The paper does not report
         its demonstrations' bids.
+
+    private_inventory: see the field (the memory experiment's variant, docs/memory.md).
     """
 
     name: str = "crafting"
@@ -42,3 +44,8 @@ class CraftingConfig(TaskConfig):
     history_length: int = 3
     frames_per_hardness: float = 5.0
     expert_bids: str = "graded"
+    private_inventory: bool = False
+    """[ours] The Logger sees neither the inventory nor the others' events, only the surface
+    and its own; the Smith asks for wood with a note (``need wood``) and the Logger answers it:
+    the shared memory carries what one role needs from another (needs ``task.memory.size`` >=
+    1; the experts follow it for targets whose wood the Logger gathers on the surface)."""

@@ -17,6 +17,7 @@ from typing import Any
 from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
+from bidswarm.envs.memory import memo_entries
 
 ROLE_INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "logger": ("chop a tree", "find trees", "go to the surface"),
@@ -140,6 +141,10 @@ class CraftingEnv(TextEnv):
             if config.milestone_rewards is not None
             else techtree.default_milestones(config.target)
         )
+        if config.private_inventory and config.memory.size < 1:
+            raise ValueError(
+                "task.private_inventory=True needs the shared memory: set task.memory.size >= 1"
+            )
         unknown = [item for item in self.milestones if item not in techtree.game_data().items_name]
         if unknown:
             raise ValueError(f"task.milestone_rewards names unknown items: {unknown}")
@@ -221,6 +226,12 @@ class CraftingEnv(TextEnv):
         return self.depth >= self.iron_depth
 
     def screen(self, role: str | None) -> str:
+        """Step, inventory, furnace fuel, what is near, the last events; with
+        ``private_inventory`` the Logger sees only the step, what is near and its own events."""
+        if self.config.private_inventory and role == "logger":
+            step = min(self._decisions + 1, self.config.max_decisions)
+            own = "; ".join(e for e in self.history if e.startswith("logger ")) or "nothing yet"
+            return f"step {step} of {self.config.max_decisions}. near: {self._near()}. last: {own}."
         if self._observation is None:
             step = min(self._decisions + 1, self.config.max_decisions)
             events = "; ".join(self.history) or "nothing yet"
@@ -535,7 +546,10 @@ class CraftingEnv(TextEnv):
     # -- scripted experts ------------------------------------------------------------------
     def expert_action(self, role: str | None) -> str | None:
         """The plan's next step for ``role``; with the memory on, a Miner's instruction carries
-        a note of the ore in sight unless the observation's memo already shows it."""
+        a note of the ore in sight unless the observation's memo already shows it. With
+        ``private_inventory`` the Logger and the Smith follow :meth:`_wood_protocol`."""
+        if self.config.private_inventory and role in ("logger", "smith"):
+            return self._wood_protocol(role)
         action = expert.expert_action(self, role)
         if action is None or not self.memory.enabled or action not in ROLE_INSTRUCTIONS["miner"]:
             return action
@@ -545,4 +559,28 @@ class CraftingEnv(TextEnv):
         return f"{action} note: {note}"
 
     def expert_bid(self, role: str) -> float:
+        if self.config.private_inventory and role == "logger":
+            return expert.BOTTLENECK_BID if self._wood_protocol(role) else 0.0
+        if self.config.private_inventory and role == "smith" and self._wood_is_next():
+            return expert.BOTTLENECK_BID if self._wood_protocol(role) else 0.0
         return expert.expert_bid(self, role, self.config.expert_bids)
+
+    def _wood_is_next(self) -> bool:
+        steps = expert.plan(self)
+        return bool(steps) and steps[0][0] == "logger"
+
+    def _wood_protocol(self, role: str) -> str | None:
+        """``private_inventory`` [ours]: when the plan needs wood next, the Smith (who sees the
+        inventory) notes ``need wood`` unless that is the newest note; the Logger, who does not,
+        acts while the newest note it is shown is that request, and answers it with ``got wood``
+        on its chop. Otherwise the Smith follows the plan and the Logger passes."""
+        newest = next(iter(memo_entries(self.observation(role))), "")
+        requested = newest == f"smith: {expert.WOOD_REQUEST}"
+        if role == "logger":
+            if not requested:
+                return None
+            action = expert.wood_action(self)
+            return f"{action} note: {expert.WOOD_ANSWER}" if action == "chop a tree" else action
+        if self._wood_is_next():
+            return None if requested else f"note: {expert.WOOD_REQUEST}"
+        return expert.expert_action(self, role)

@@ -160,6 +160,19 @@ def expert_action(env: PlanState, role: str | None) -> str | None:
     return None
 
 
+WOOD_REQUEST = "need wood"
+"""``private_inventory`` [ours]: the Smith's note when the plan needs wood next."""
+WOOD_ANSWER = "got wood"
+"""``private_inventory`` [ours]: the note of the Logger's chop that answers the request."""
+
+
+def wood_action(env: PlanState) -> str:
+    """The Logger's way to wood from where the player is (the planner's oak-log step)."""
+    if env.depth > 0:
+        return "go to the surface"
+    return "chop a tree" if env.trees else "find trees"
+
+
 def sighting_note(env: PlanState) -> str | None:
     """[ours] The note the experts write with a Miner's instruction when the memory is on: the
     ore in sight and the depth (iron first), e.g. ``iron ore at depth 23``; None: none in sight."""
