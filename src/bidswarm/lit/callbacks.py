@@ -22,7 +22,7 @@ class UpdateProgress(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if self.bar is None:
             return
-        last = module.history[-1] if getattr(module, "history", None) else {}
+        last = module.history[-1] if module.history else {}  # a SwarmModule's
         kind = "bid" if last.get("update_is_bid") else "action"
         self.bar.set_postfix(kind=kind, reward=f"{last.get('reward/mean', float('nan')):.1f}")
         self.bar.update(1)
