@@ -115,6 +115,8 @@ def test_a_seed_repeats_exactly_and_another_seed_differs(smoke_run, tmp_path):
     again = run_cli(tmp_path, "debug=smoke", "logger=csv", "seed=0", name="again")
     other = run_cli(tmp_path, "debug=smoke", "logger=csv", "seed=1", name="other")
     assert _training_trace(again) == _training_trace(first)
-    traced_other = _training_trace(other)
-    for part, value in _training_trace(first).items():
-        assert traced_other[part] != value, f"seed 1 repeats seed 0's {part}"
+    traced_other, traced_first = _training_trace(other), _training_trace(first)
+    # The smoke profile's rewards are often all 0: what the seed changes shows in the SFT
+    # losses (demonstrations, order, init) and in how the agents bid and act (held-out metrics).
+    for part in ("sft", "eval_before"):
+        assert traced_other[part] != traced_first[part], f"seed 1 repeats seed 0's {part}"

@@ -139,6 +139,22 @@ class CreditConfig:
 
 
 @dataclass
+class MemoryTreeCreditConfig(CreditConfig):
+    """``credit=memory_tree`` (seed 002, docs/memory.md): credit for the writers of the shared
+    memory's notes that an acting step read. Without a memory (``task.memory.size`` 0) no step
+    reads a note and it gives the base rule's credits."""
+
+    base: str = "bucket_brigade"
+    """The rule whose credits root the trees: bucket_brigade, reward_to_go or episode_return."""
+    memory_share: float = 0.5
+    """[ours] Share of what reaches a step that goes down its read edges; the rest is kept."""
+    temperature: float = 1.0
+    """Of the softmax over read scores that weighs the read edges."""
+    max_depth: int = 2
+    """Read edges followed from a step at most (0: the base rule)."""
+
+
+@dataclass
 class TrainerConfig:
     """Arguments of ``lightning.Trainer`` that select hardware and strategy."""
 
@@ -265,6 +281,7 @@ def register_configs() -> None:
         if rule.Config is not CoordinationConfig:  # a rule with parameters: its own schema
             cs.store(group="coordination", name=f"{name}_schema", node=rule.Config)
     cs.store(group="credit", name="credit_schema", node=CreditConfig)
+    cs.store(group="credit", name="memory_tree_schema", node=MemoryTreeCreditConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="logger", name="logger_schema", node=LoggerConfig)
 

@@ -1,8 +1,11 @@
-"""Figures of a run: reward against training FLOPs, and participation share per role."""
+"""Figures of a run: reward against training FLOPs, participation share per role, and a
+contribution tree of the memory credit rule (docs/memory.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -53,6 +56,63 @@ def plot_participation(history: list[dict[str, float]], path: Path) -> Path:
     if roles:
         ax.legend()
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+TREE_COLOURS = {"root": "#f4d35e", "action": "#a8dadc", "read": "#e5e5e5", "write": "#f4a261"}
+
+
+def plot_contribution_tree(
+    nodes: Sequence[Any], labels: Sequence[str], path: Path, title: str
+) -> Path:
+    """A contribution tree (``algorithms.memory_tree.contribution_tree`` nodes, parents before
+    children) top-down: root, the actor's action and its reads, the notes' writers below."""
+    children: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        if node.parent is not None:
+            children.setdefault(node.parent, []).append(index)
+    x: dict[int, float] = {}
+    depth = {0: 0} if nodes else {}
+    for index, node in enumerate(nodes):
+        if node.parent is not None:
+            depth[index] = depth[node.parent] + 1
+    leaves = 0
+
+    def place(index: int) -> float:
+        nonlocal leaves
+        kids = children.get(index, [])
+        if not kids:
+            x[index] = float(leaves)
+            leaves += 1
+        else:
+            x[index] = sum(place(kid) for kid in kids) / len(kids)
+        return x[index]
+
+    if nodes:
+        place(0)
+    width = max(leaves, 1)
+    levels = max(depth.values(), default=0) + 1
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.6 * width), 1.5 + 1.3 * levels))
+    for index, node in enumerate(nodes):
+        if node.parent is not None:
+            parent = node.parent
+            ax.plot([x[parent], x[index]], [-depth[parent], -depth[index]], color="grey", lw=1)
+        ax.text(
+            x[index],
+            -depth[index],
+            labels[index],
+            ha="center",
+            va="center",
+            fontsize=7,
+            bbox={"boxstyle": "round", "fc": TREE_COLOURS.get(node.kind, "white"), "ec": "grey"},
+        )
+    ax.set_xlim(-0.8, width - 0.2)
+    ax.set_ylim(-levels + 0.4, 0.6)
+    ax.axis("off")
+    ax.set_title(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

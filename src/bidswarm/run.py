@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from bidswarm import tracking
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.algorithms.credit import make_credit_rule
 from bidswarm.coordination import RULES, make_coordination
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC, TextEnv
@@ -35,6 +36,8 @@ from bidswarm.plots import plot_participation, plot_reward_vs_flops
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.memory_credit import draw_example_tree
+from bidswarm.rollout.records import Episode
 from bidswarm.rollout.swarm import Swarm
 
 
@@ -244,6 +247,8 @@ class Run:
         heldout.mkdir(exist_ok=True)
         (heldout / f"{key}_worlds.json").write_text(json.dumps(worlds, indent=1) + "\n")
         self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>_worlds.json
+        if self.cfg.credit.name == "memory_tree":  # docs/memory.md: one example tree per evaluation
+            self.log_artifact(self.draw_memory_tree(evaluation.episodes, key))
         print(
             f"[bidswarm] {key}: held-out reward {metrics['reward/mean']:.2f} "
             f"+- {metrics['reward/se']:.2f} (95% CI {metrics['reward/ci_low']:.2f} .. "
@@ -257,8 +262,14 @@ class Run:
 
         Returns whether the schedule is complete (``rl.stop_after`` can end the process early).
         """
+        credit = OmegaConf.to_container(self.cfg.credit)
         collector = Collector(
-            self.loop, self.cfg.rl, self.cfg.credit.name, self.env.train_seeds(), self.cfg.seed
+            self.loop,
+            self.cfg.rl,
+            credit.pop("name"),
+            self.env.train_seeds(),
+            self.cfg.seed,
+            credit_parameters=credit,
         )
         module = SwarmModule(self.population, collector, self.cfg.rl, self.cfg.model.temperature)
         checkpoints = self.run_dir / "checkpoints"
@@ -299,6 +310,16 @@ class Run:
         self.print_summary()
 
     # -- helpers -------------------------------------------------------------------------------
+    def draw_memory_tree(self, episodes: list[Episode], key: str) -> Path:
+        """``memory_tree_<key>.png``: the contribution tree of one evaluation step."""
+        return draw_example_tree(
+            episodes,
+            make_credit_rule(**OmegaConf.to_container(self.cfg.credit)),
+            self.loop.swarm.roles,
+            self.loop.swarm.bid_levels,
+            self.run_dir / f"memory_tree_{key}.png",
+        )
+
     def trainer_kwargs(self) -> dict[str, Any]:
         t = self.cfg.trainer
         strategy = t.strategy

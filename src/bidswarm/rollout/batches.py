@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.rollout.loop import group_by
+from bidswarm.rollout.memory_credit import episode_reads
 from bidswarm.rollout.records import Episode, PreferencePair
 
 
@@ -73,7 +74,11 @@ def credited_batches(
     for episode in episodes:
         acting = episode.acting_steps
         credits, lost = credit_rule(
-            [s.reward for s in acting], [s.decision.winning_bid for s in acting], rng, levels
+            [s.reward for s in acting],
+            [s.decision.winning_bid for s in acting],
+            rng,
+            levels,
+            episode_reads(episode),
         )
         discarded += lost
         rows += [(s.actor, s.action, c) for s, c in zip(acting, credits, strict=True)]

@@ -16,10 +16,12 @@ learner (``lit/swarm_module.py``) only turns batches into gradient steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-from bidswarm.algorithms.credit import CREDIT_RULES
+from bidswarm.algorithms.credit import MemoryTreeRule, make_credit_rule
 from bidswarm.config import RLConfig
 from bidswarm.rollout.batches import (
     ActionBatch,
@@ -29,6 +31,7 @@ from bidswarm.rollout.batches import (
 )
 from bidswarm.rollout.forks import fork_pairs
 from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
+from bidswarm.rollout.memory_credit import memory_tree_metrics
 from bidswarm.rollout.metrics import episode_metrics, timed
 from bidswarm.rollout.usage import Usage
 
@@ -54,18 +57,25 @@ class Collected:
 class Collector:
     """Collects the data of every update of the schedule from a :class:`RolloutLoop`.
 
-    credit: the ``credit.name`` of the credit rule (``algorithms.credit.CREDIT_RULES``).
+    credit: the ``credit.name`` of the credit rule (``algorithms.credit.CREDIT_RULES``);
+    credit_parameters: the ``credit`` config's other fields (only ``memory_tree`` has any).
     train_seeds: the worlds each update draws from.
     seed: the run's seed; update ``u`` of rank ``r`` draws all its randomness from
     ``(seed, r, u)``, so a resumed run replays it exactly.
     """
 
     def __init__(
-        self, loop: RolloutLoop, rl: RLConfig, credit: str, train_seeds: list[int], seed: int
+        self,
+        loop: RolloutLoop,
+        rl: RLConfig,
+        credit: str,
+        train_seeds: list[int],
+        seed: int,
+        credit_parameters: Mapping[str, Any] | None = None,
     ):
         self.loop = loop
         self.rl = rl
-        self.credit_rule = CREDIT_RULES[credit]
+        self.credit_rule = make_credit_rule(credit, **(credit_parameters or {}))
         self.train_seeds = train_seeds
         self.seed = seed
 
@@ -103,6 +113,10 @@ class Collector:
                     episodes, self.credit_rule, rng, swarm.bid_levels
                 )
             metrics["credit/discarded"] = discarded
+            if isinstance(self.credit_rule, MemoryTreeRule):
+                metrics |= memory_tree_metrics(
+                    episodes, self.credit_rule, swarm.roles, swarm.bid_levels
+                )
         else:
             with timed(timings, "fork"):
                 pairs, stats = fork_pairs(self.loop, episodes, self.rl, rng, generator)

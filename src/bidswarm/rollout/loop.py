@@ -229,4 +229,5 @@ class RolloutLoop:
             self.swarm.usage.count_action(result.valid)
         record.reward = result.reward
         record.valid_action = result.valid
+        record.memory = result.memory
         return record

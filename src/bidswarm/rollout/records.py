@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bidswarm.coordination.base import Decision
+from bidswarm.envs.memory import MemoryTrace
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class StepRecord:
     action:   the actor's action reply (None when the step was skipped).
     snapshot: environment state before the action, kept only for contested steps when forks
               are wanted.
+    memory:   the notes the actor read and the note it wrote (None: the memory is off).
     """
 
     index: int
@@ -45,6 +47,7 @@ class StepRecord:
     reward: float = 0.0
     valid_action: bool = True
     snapshot: Any = None
+    memory: MemoryTrace | None = None
 
     @property
     def actor(self) -> int | None:
