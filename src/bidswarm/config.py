@@ -8,9 +8,14 @@ the error names the key. Value checks that types cannot express live in :func:`v
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import math
+import os
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -18,6 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from bidswarm.algorithms.losses import Normalization
 from bidswarm.coordination.base import CoordinationConfig
 from bidswarm.envs.base import TaskConfig
+from bidswarm.envs.memory import memory_problems
 
 
 class ModelSource(str, Enum):
@@ -229,7 +235,8 @@ class RLConfig:
     bt_beta: float = 1.0
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
     checkpoint_every: int = 1
-    """Save a resumable checkpoint every this many updates."""
+    """Write ``checkpoints/last.ckpt`` (atomically) every this many updates; also after the last
+    update, at ``stop_after`` and at the update boundary after SIGTERM / SIGUSR1."""
     stop_after: int | None = None
     """End this process after this many updates (e.g. a cluster time slot); resume later."""
 
@@ -259,7 +266,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = 0
     resume: str | None = None
-    """A checkpoint path, or ``last`` for the newest checkpoint of this run's folder."""
+    """A run folder to continue (its ``state.json`` and ``checkpoints/``); it must hold a run
+    whose method (task, model, coordination, credit, seed, sft, rl) is this config's."""
     output_dir: str = "${hydra:runtime.output_dir}"
 
 
@@ -304,55 +312,433 @@ def unknown_keys(node: Any, path: str = "") -> list[str]:
     return found
 
 
+PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+STRATEGIES = (
+    "auto",
+    "ddp",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+)
+ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
+LOGGERS = ("mlflow", "csv")
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+"""MLflow stores bidswarm accepts; MLflow 3 refuses the old ``file:`` store by default."""
+GROUPS = ("task", "model", "coordination", "credit", "trainer", "logger")
+OPTIONAL_GROUPS = ("ablation", "experiment", "debug")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names each key, value and what is allowed."""
+
+
+class Problems(list):
+    """Collects ``key=value: what is allowed`` lines."""
+
+    def require(self, ok: bool, key: str, value: Any, allowed: str) -> None:
+        if not ok:
+            shown = value.value if isinstance(value, Enum) else value  # 'chat', not PromptStyle
+            self.append(f"{key}={shown!r}: {allowed}")
+
+    def one_of(self, key: str, value: Any, choices: Any) -> None:
+        self.require(value in choices, key, value, f"choose one of {sorted(choices)}")
+
+    def at_least(self, key: str, value: Any, low: int) -> None:
+        self.require(value >= low, key, value, f"must be >= {low}")
+
+    def positive(self, key: str, value: Any) -> None:
+        self.require(math.isfinite(value) and value > 0, key, value, "must be a finite number > 0")
+
+    def non_negative(self, key: str, value: Any) -> None:
+        self.require(math.isfinite(value) and value >= 0, key, value, "must be finite and >= 0")
+
+    def unit_interval(self, key: str, value: Any, low_open: bool = False) -> None:
+        ok = 0 < value <= 1 if low_open else 0 <= value <= 1
+        self.require(ok, key, value, f"must lie in {'(0' if low_open else '[0'}, 1]")
+
+
 def validate(cfg: Any) -> None:
-    """Value checks that the schemas' types cannot express; each error names the key."""
-    from bidswarm.algorithms.credit import CREDIT_RULES
-    from bidswarm.coordination import RULES
+    """Value checks that the schemas' types cannot express, on the config alone (no model, env
+    or folder is made); raises :class:`ConfigError` listing every bad ``key=value`` with what is
+    allowed. :func:`check_machine` checks what the config asks of this machine."""
+    problems = Problems(f"{key}: not a field of the config schema" for key in unknown_keys(cfg))
+    _task_problems(cfg.task, problems)
+    _model_problems(cfg.model, problems)
+    _coordination_problems(cfg, problems)
+    _trainer_problems(cfg.trainer, problems)
+    _logger_problems(cfg.logger, problems)
+    _sft_problems(cfg, problems)
+    _rl_problems(cfg, problems)
+    problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    if cfg.eval.max_seeds is not None:
+        problems.require(
+            cfg.eval.max_seeds >= 1, "eval.max_seeds", cfg.eval.max_seeds, ">= 1 or null"
+        )
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _task_problems(task: Any, problems: Problems) -> None:
     from bidswarm.envs import TASKS
 
-    problems = [f"{key}: not a field of the config schema" for key in unknown_keys(cfg)]
-    if cfg.task.name not in TASKS:
-        problems.append(f"task.name={cfg.task.name!r}: unknown task; known: {sorted(TASKS)}")
-    if cfg.coordination.name not in RULES:
-        problems.append(
-            f"coordination.name={cfg.coordination.name!r}: unknown; known: {sorted(RULES)}"
+    problems.one_of("task.name", task.name, TASKS)
+    problems.at_least("task.max_decisions", task.max_decisions, 1)
+    problems.at_least("task.n_train_seeds", task.n_train_seeds, 1)
+    problems.at_least("task.n_heldout_seeds", task.n_heldout_seeds, 1)
+    problems.require(
+        task.heldout_seed_offset >= task.n_train_seeds,
+        "task.heldout_seed_offset",
+        task.heldout_seed_offset,
+        f"must be >= task.n_train_seeds ({task.n_train_seeds}): held-out worlds are disjoint",
+    )
+    if task.name in TASK_CHECKS:
+        TASK_CHECKS[task.name](task, problems)
+    problems += memory_problems(task.memory)
+
+
+def _crafting_problems(task: Any, problems: Problems) -> None:
+    from bidswarm.envs.crafting import techtree
+    from bidswarm.envs.crafting.expert import EXPERT_BIDS
+
+    problems.one_of("task.target", task.target, techtree.TARGETS)
+    problems.one_of("task.expert_bids", task.expert_bids, EXPERT_BIDS)
+    if task.milestone_rewards is not None:
+        known = set(techtree.game_data().items_name)
+        for item, reward in task.milestone_rewards.items():
+            key = f"task.milestone_rewards.{item}"
+            problems.require(item in known, key, reward, "not a Minecraft 1.16 item name")
+            problems.non_negative(key, reward)
+    problems.at_least("task.frames_per_instruction", task.frames_per_instruction, 1)
+    problems.at_least("task.history_length", task.history_length, 0)
+    problems.positive("task.frames_per_hardness", task.frames_per_hardness)
+    problems.require(
+        not task.private_inventory or task.memory.size >= 1,
+        "task.private_inventory",
+        task.private_inventory,
+        "needs the shared memory: set task.memory.size >= 1",
+    )
+
+
+def _navigation_problems(task: Any, problems: Problems) -> None:
+    problems.non_negative("task.progress_weight", task.progress_weight)
+    problems.non_negative("task.success_bonus", task.success_bonus)
+    problems.positive("task.success_distance", task.success_distance)
+    problems.at_least("task.episodes_per_scene", task.episodes_per_scene, 1)
+    problems.at_least("task.max_rooms_per_side", task.max_rooms_per_side, 2)
+    problems.positive("task.min_room_size", task.min_room_size)
+    problems.require(
+        task.max_room_size >= task.min_room_size,
+        "task.max_room_size",
+        task.max_room_size,
+        f"must be >= task.min_room_size ({task.min_room_size})",
+    )
+    problems.require(
+        0 < task.door_width < task.min_room_size,
+        "task.door_width",
+        task.door_width,
+        f"must lie in (0, task.min_room_size={task.min_room_size})",
+    )
+    problems.unit_interval("task.extra_door_probability", task.extra_door_probability)
+    problems.require(
+        1 <= task.min_route_rooms <= task.max_route_rooms,
+        "task.min_route_rooms",
+        task.min_route_rooms,
+        f"need 1 <= min_route_rooms <= max_route_rooms ({task.max_route_rooms})",
+    )
+
+
+def _research_problems(task: Any, problems: Problems) -> None:
+    from bidswarm.envs.research.config import validate_research_config
+
+    try:
+        validate_research_config(OmegaConf.to_object(task))
+    except ValueError as error:
+        problems += str(error).split("; ")
+    if task.judge_url is not None:
+        scheme = urlsplit(task.judge_url).scheme
+        problems.require(
+            scheme in ("http", "https"),
+            "task.judge_url",
+            task.judge_url,
+            "an http:// or https:// URL of an OpenAI-compatible API (e.g. http://host:8000/v1)",
         )
-    if cfg.credit.name not in CREDIT_RULES:
-        problems.append(f"credit.name={cfg.credit.name!r}: unknown; known: {sorted(CREDIT_RULES)}")
-    levels = list(cfg.coordination.bid_levels)
-    if not levels or any(not 0.0 <= b <= 1.0 for b in levels) or 0.0 not in levels:
-        problems.append(
-            f"coordination.bid_levels={levels}: levels must lie in [0, 1] and include 0 (pass)"
+    problems.positive("task.judge_timeout_s", task.judge_timeout_s)
+
+
+TASK_CHECKS = {
+    "crafting": _crafting_problems,
+    "navigation": _navigation_problems,
+    "research": _research_problems,
+}
+"""Checks of each task's own fields, from its config class alone (no env is built)."""
+
+
+def _model_problems(model: Any, problems: Problems) -> None:
+    # model.source, model.dtype and model.prompt_style are enums: the schema checks them.
+    if model.source == "gguf":
+        for key in ("gguf_package", "gguf_file"):
+            problems.require(bool(model[key]), f"model.{key}", model[key], "needed by source=gguf")
+    if model.source == "hub":
+        problems.require(bool(model.path), "model.path", model.path, "needed by source=hub")
+    problems.at_least("model.micro_batch_tokens", model.micro_batch_tokens, 1)
+    if model.source == "tiny":
+        problems.require(
+            model.prompt_style == "compact",
+            "model.prompt_style",
+            model.prompt_style,
+            "compact (a tiny model's own tokenizer has no chat template)",
         )
-    if cfg.coordination.replicas < 1:
-        problems.append(f"coordination.replicas={cfg.coordination.replicas}: need >= 1 agent")
-    # model.source, model.dtype, model.prompt_style, rl.loss_normalization, rl.fork_steps and
-    # rl.bid_resample are enums: the schema refuses other values at composition, naming the key.
-    for key in (
-        "rl.cycles",
+        _tiny_problems(model, problems)
+    problems.positive("model.temperature", model.temperature)
+    problems.at_least("model.max_bid_tokens", model.max_bid_tokens, 1)
+    if model.max_action_tokens is not None:
+        problems.require(
+            model.max_action_tokens >= 1,
+            "model.max_action_tokens",
+            model.max_action_tokens,
+            ">= 1, or null (derived from the task)",
+        )
+    problems.at_least("model.max_prompt_tokens", model.max_prompt_tokens, 1)
+    if model.torch_threads is not None:
+        problems.require(
+            model.torch_threads >= 1, "model.torch_threads", model.torch_threads, ">= 1 or null"
+        )
+    problems.at_least("model.sft_epochs", model.sft_epochs, 1)
+    problems.positive("model.sft_lr", model.sft_lr)
+    problems.positive("model.rl_lr", model.rl_lr)
+
+
+def _tiny_problems(model: Any, problems: Problems) -> None:
+    tiny = model.tiny
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size"):
+        problems.at_least(f"model.tiny.{name}", tiny[name], 1)
+    if tiny.num_heads >= 1:
+        problems.require(
+            tiny.hidden_size % tiny.num_heads == 0,
+            "model.tiny.hidden_size",
+            tiny.hidden_size,
+            f"must be a multiple of model.tiny.num_heads ({tiny.num_heads})",
+        )
+    longest = model.max_prompt_tokens + max(model.max_bid_tokens, model.max_action_tokens or 0)
+    problems.require(
+        tiny.max_position_embeddings > longest,
+        "model.tiny.max_position_embeddings",
+        tiny.max_position_embeddings,
+        f"must exceed the longest sequence, max_prompt_tokens + reply tokens ({longest})",
+    )
+
+
+def _coordination_problems(cfg: Any, problems: Problems) -> None:
+    from bidswarm.algorithms.credit import CREDIT_RULES
+    from bidswarm.coordination import RULES
+    from bidswarm.envs.experts import format_bid
+
+    coordination = cfg.coordination
+    problems.one_of("coordination.name", coordination.name, RULES)
+    problems.one_of("credit.name", cfg.credit.name, CREDIT_RULES)
+    if cfg.credit.name == "memory_tree":
+        _memory_tree_problems(cfg, problems)
+    levels = list(coordination.bid_levels)
+    problems.require(
+        bool(levels) and all(0.0 <= b <= 1.0 for b in levels) and 0.0 in levels,
+        "coordination.bid_levels",
+        levels,
+        "levels must lie in [0, 1] and include 0 (pass)",
+    )
+    problems.require(
+        any(b > 0 for b in levels),
+        "coordination.bid_levels",
+        levels,
+        "need a level above 0 (with only 0 every step is skipped)",
+    )
+    written = [format_bid(b) for b in levels]
+    problems.require(
+        len(set(written)) == len(written),
+        "coordination.bid_levels",
+        levels,
+        f"levels must differ as agents write them (one decimal: {written})",
+    )
+    problems.at_least("coordination.replicas", coordination.replicas, 1)
+    if coordination.name == "monolithic":
+        problems.require(
+            coordination.replicas == 1,
+            "coordination.replicas",
+            coordination.replicas,
+            "must be 1 with coordination=monolithic (a single agent owns every role)",
+        )
+
+
+def _memory_tree_problems(cfg: Any, problems: Problems) -> None:
+    from bidswarm.algorithms.credit import TREE_BASES
+
+    credit = cfg.credit
+    problems.one_of("credit.base", credit.base, TREE_BASES)
+    problems.unit_interval("credit.memory_share", credit.memory_share)
+    problems.positive("credit.temperature", credit.temperature)
+    problems.at_least("credit.max_depth", credit.max_depth, 0)
+
+
+def _trainer_problems(trainer: Any, problems: Problems) -> None:
+    problems.one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    devices = trainer.devices
+    if isinstance(devices, int):
+        problems.require(devices >= 1 or devices == -1, "trainer.devices", devices, ">= 1 or -1")
+    elif isinstance(devices, str):
+        problems.require(devices == "auto", "trainer.devices", devices, "a number, a list, auto")
+    problems.at_least("trainer.num_nodes", trainer.num_nodes, 1)
+    problems.one_of("trainer.strategy", trainer.strategy, STRATEGIES)
+    if str(trainer.strategy).startswith("deepspeed"):
+        problems.require(
+            trainer.accelerator in ("gpu", "cuda"),
+            "trainer.accelerator",
+            trainer.accelerator,
+            f"gpu or cuda with trainer.strategy={trainer.strategy} (DeepSpeed runs on GPUs)",
+        )
+    problems.one_of("trainer.precision", trainer.precision, PRECISIONS)
+
+
+def _logger_problems(logger: Any, problems: Problems) -> None:
+    problems.one_of("logger.name", logger.name, LOGGERS)
+    problems.require(
+        bool(logger.experiment_name), "logger.experiment_name", logger.experiment_name, "a name"
+    )
+    if logger.tracking_uri is not None:
+        problems += tracking_uri_problems("logger.tracking_uri", logger.tracking_uri)
+
+
+def tracking_uri_problems(key: str, uri: str) -> list[str]:
+    """Why MLflow cannot use ``uri`` (empty when it can)."""
+    scheme = urlsplit(uri).scheme
+    if scheme in TRACKING_SCHEMES and (scheme not in ("http", "https") or urlsplit(uri).netloc):
+        return []
+    return [
+        f"{key}={uri!r}: a URI with one of the schemes {list(TRACKING_SCHEMES)}, e.g. "
+        "http://127.0.0.1:5000 or sqlite:///outputs/mlflow.db (MLflow 3 refuses a plain path)"
+    ]
+
+
+def _sft_problems(cfg: Any, problems: Problems) -> None:
+    sft = cfg.sft
+    problems.at_least("sft.epochs", sft.epochs, 1)
+    problems.positive("sft.lr", sft.lr)
+    problems.at_least("sft.batch_size", sft.batch_size, 1)
+    problems.non_negative("sft.weight_decay", sft.weight_decay)
+    problems.require(
+        1 <= sft.demo_episodes <= cfg.task.n_train_seeds,
+        "sft.demo_episodes",
+        sft.demo_episodes,
+        f"must be in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
+    )
+    problems.unit_interval("sft.bid_fraction", sft.bid_fraction, low_open=True)
+    problems.at_least("sft.micro_batch_tokens", sft.micro_batch_tokens, 1)
+
+
+def _rl_problems(cfg: Any, problems: Problems) -> None:
+    rl = cfg.rl
+    problems.at_least("rl.cycles", rl.cycles, 1)
+    problems.at_least("rl.action_updates", rl.action_updates, 0)
+    problems.at_least("rl.bid_updates", rl.bid_updates, 0)
+    problems.require(
+        rl.action_updates + rl.bid_updates >= 1,
+        "rl.action_updates",
+        rl.action_updates,
+        "rl.action_updates + rl.bid_updates must be >= 1",
+    )
+    problems.require(
+        1 <= rl.envs_per_update <= cfg.task.n_train_seeds,
         "rl.envs_per_update",
-        "task.max_decisions",
-        "rl.max_bid_resamples",
-        "rl.micro_batch_tokens",
-        "sft.micro_batch_tokens",
-        "model.micro_batch_tokens",
-    ):
-        section, name = key.split(".")
-        if cfg[section][name] < 1:
-            problems.append(f"{key}={cfg[section][name]}: must be >= 1")
-    if not 1 <= cfg.sft.demo_episodes <= cfg.task.n_train_seeds:
-        problems.append(
-            f"sft.demo_episodes={cfg.sft.demo_episodes}: must be in 1..task.n_train_seeds "
-            f"({cfg.task.n_train_seeds})"
+        rl.envs_per_update,
+        f"must be in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
+    )
+    problems.positive("rl.lr", rl.lr)
+    problems.non_negative("rl.weight_decay", rl.weight_decay)
+    problems.non_negative("rl.grad_clip", rl.grad_clip)
+    problems.at_least("rl.micro_batch_tokens", rl.micro_batch_tokens, 1)
+    problems.at_least("rl.fork_budget", rl.fork_budget, 0)
+    problems.at_least("rl.max_bid_resamples", rl.max_bid_resamples, 1)
+    if rl.bid_resample_temperature is not None:
+        problems.positive("rl.bid_resample_temperature", rl.bid_resample_temperature)
+    problems.positive("rl.bt_beta", rl.bt_beta)
+    problems.at_least("rl.checkpoint_every", rl.checkpoint_every, 1)
+    if rl.stop_after is not None:
+        problems.require(rl.stop_after >= 1, "rl.stop_after", rl.stop_after, ">= 1 or null")
+
+
+def check_machine(cfg: Any) -> None:
+    """What the config asks of this machine: CUDA for a GPU trainer, enough GPUs, DeepSpeed
+    installed, the LLM judge's key variable set. Raises :class:`ConfigError`."""
+    import torch
+
+    problems = Problems()
+    trainer = cfg.trainer
+    if trainer.accelerator in ("gpu", "cuda"):
+        problems.require(
+            torch.cuda.is_available(),
+            "trainer.accelerator",
+            trainer.accelerator,
+            "no CUDA device is visible on this machine; use trainer=cpu (or trainer=ddp on CPU)",
         )
-    if cfg.rl.fork_budget < 0:
-        problems.append(f"rl.fork_budget={cfg.rl.fork_budget}: must be >= 0")
-    resample_temperature = cfg.rl.bid_resample_temperature
-    if resample_temperature is not None and resample_temperature <= 0:
-        problems.append(f"rl.bid_resample_temperature={resample_temperature}: must be > 0")
-    if cfg.model.temperature <= 0:
-        problems.append(f"model.temperature={cfg.model.temperature}: must be > 0")
-    if not 0 < cfg.sft.bid_fraction <= 1:
-        problems.append(f"sft.bid_fraction={cfg.sft.bid_fraction}: must be in (0, 1]")
+        wanted = trainer.devices if isinstance(trainer.devices, int) else 0
+        problems.require(
+            not torch.cuda.is_available() or wanted <= torch.cuda.device_count(),
+            "trainer.devices",
+            trainer.devices,
+            f"this machine has {torch.cuda.device_count()} CUDA devices",
+        )
+    if str(trainer.strategy).startswith("deepspeed"):
+        problems.require(
+            importlib.util.find_spec("deepspeed") is not None,
+            "trainer.strategy",
+            trainer.strategy,
+            "needs DeepSpeed: pip install -e '.[deepspeed]'",
+        )
+    key_env = cfg.task.get("judge_api_key_env") if cfg.task.get("judge") == "llm" else None
+    if key_env:
+        problems.require(
+            key_env in os.environ,
+            "task.judge_api_key_env",
+            key_env,
+            "names an environment variable that is not set",
+        )
     if problems:
-        raise ValueError("invalid config:\n  " + "\n  ".join(problems))
+        raise ConfigError("this machine cannot run the config:\n  " + "\n  ".join(problems))
+
+
+def refuse_unknown_choices(arguments: list[str], conf_dir: Path) -> None:
+    """Refuse ``group=option`` overrides that name no file of ``conf/<group>/``, listing the
+    options (Hydra's own error also lists the groups' schemas, which are no choice).
+    Skipped when the command adds config folders (``--config-dir``, ``hydra.searchpath``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in arguments if not a.startswith("-")]
+    if len(overrides) < len(arguments) and any(
+        a.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for a in arguments
+    ):
+        return
+    if any(a.startswith("hydra.searchpath") for a in overrides):
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # Hydra reports malformed overrides itself
+        return
+    for override in parsed:
+        group = override.key_or_group
+        if group not in GROUPS + OPTIONAL_GROUPS or override.is_delete():
+            continue
+        try:
+            values = (
+                list(override.sweep_string_iterator())
+                if override.is_sweep_override()
+                else [override.value()]
+            )
+        except Exception:  # glob() and friends: Hydra resolves those itself
+            continue
+        options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        for value in values:
+            if value is None and group in OPTIONAL_GROUPS:
+                continue
+            if value not in options:
+                raise ConfigError(
+                    f"{group}={value}: no such option; choose one of {', '.join(options)}"
+                )

@@ -2,21 +2,26 @@
 
 Everything a resumed (or DDP child) process needs to pick the run up again lives in the run
 folder: ``state.json`` (phases done, held-out results, MLflow run id), ``sft/`` (the population
-after the cold start), ``checkpoints/last.ckpt`` (agents, optimizer, schedule position).
+after the cold start), ``checkpoints/last.ckpt`` (agents, optimizer, RNG, schedule position,
+counters, MLflow run id). Both files are replaced atomically, so a kill at any moment leaves
+the last complete ones (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
+from hydra.experimental.callback import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
@@ -25,11 +30,18 @@ from bidswarm import tracking
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.credit import make_credit_rule
+from bidswarm.config import check_machine, validate
 from bidswarm.coordination import RULES, make_coordination
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC, TextEnv
 from bidswarm.envs.experts import Demonstration, play_expert_episode
-from bidswarm.lit.callbacks import UpdateProgress
+from bidswarm.lit.callbacks import (
+    CheckpointError,
+    CrashSafeCheckpoint,
+    RunInterrupted,
+    UpdateProgress,
+    resume_checkpoint,
+)
 from bidswarm.lit.sft import run_sft
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.plots import plot_participation, plot_reward_vs_flops
@@ -159,6 +171,122 @@ def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
     )
 
 
+class ResumeError(ValueError):
+    """``resume=`` names no run, or a run this config cannot continue."""
+
+
+METHOD_KEYS = ("task", "model", "coordination", "credit", "seed", "sft", "rl")
+"""Config sections that define the method: a resumed run must keep them."""
+RESUMABLE_CHANGES = ("rl.cycles", "rl.stop_after", "rl.checkpoint_every", "model.torch_threads")
+"""Keys of those sections a resumed run may change (length of the schedule, speed)."""
+
+
+def check_resume(cfg: DictConfig) -> None:
+    """``resume=`` must name a folder that holds a run (its ``state.json``) trained with the
+    same method as ``cfg``, whose last checkpoint (if any) is complete; raises
+    :class:`ResumeError` naming the path or the keys (:class:`CheckpointError` naming the
+    checkpoint). Creates nothing."""
+    if cfg.resume is None:
+        return
+    folder = Path(cfg.resume)
+    if not folder.is_dir():
+        raise ResumeError(f"resume={cfg.resume}: no such folder; pass the folder of a run")
+    if not (folder / "state.json").is_file():
+        raise ResumeError(
+            f"resume={cfg.resume}: the folder holds no run (no state.json); pass the folder of "
+            "a run (outputs/runs/<day>/<time>)"
+        )
+    check_same_method(cfg, folder)
+    # A truncated checkpoint is named before anything loads (fit checks every record).
+    resume_checkpoint(folder / "checkpoints", full=False)
+
+
+def check_same_method(cfg: DictConfig, folder: Path) -> None:
+    """Refuse to continue the run of ``folder`` with a config whose method differs."""
+    saved_file = folder / "resolved_config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = OmegaConf.load(saved_file)
+    changed = method_changes(saved, cfg)
+    if changed:
+        raise ResumeError(
+            f"resume={folder}: the run was trained with other values of keys that change the "
+            "method:\n  " + "\n  ".join(changed) + "\nresume with the run's values, or start "
+            "a new run without resume="
+        )
+
+
+def method_changes(saved: DictConfig, cfg: DictConfig) -> list[str]:
+    """``key: saved -> now`` for each method key (:data:`METHOD_KEYS`) both configs have whose
+    value differs, except :data:`RESUMABLE_CHANGES`. Keys only one of them has are skipped (a
+    field added to a schema after the run started)."""
+    before = _flat({key: _resolved(saved, key) for key in METHOD_KEYS if key in saved})
+    now = _flat({key: _resolved(cfg, key) for key in METHOD_KEYS})
+    return [
+        f"{key}: {before[key]!r} -> {now[key]!r}"
+        for key in sorted(before.keys() & now.keys())
+        if before[key] != now[key] and key not in RESUMABLE_CHANGES
+    ]
+
+
+def _resolved(cfg: DictConfig, key: str) -> Any:
+    node = cfg[key]
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def load_state(run_dir: Path) -> dict[str, Any]:
+    """The run's ``state.json`` (empty for a new run); a clear error naming a damaged one."""
+    path = run_dir / "state.json"
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ResumeError(f"{path} is damaged ({error}); it is not a run state") from None
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a kill at any moment leaves the old or the new file."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+
+
+def preflight(cfg: DictConfig) -> None:
+    """Everything that can be refused before a folder, a model or an env is made: config
+    values, what they ask of this machine, ``resume=``, the tracking store."""
+    validate(cfg)
+    check_machine(cfg)
+    check_resume(cfg)
+    if cfg.logger.name == "mlflow":
+        tracking.check_store(tracking.tracking_uri(cfg.logger.tracking_uri))
+
+
+class Preflight(Callback):
+    """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): :func:`preflight` before
+    Hydra creates the run's output folder, so that a bad value leaves nothing behind."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            preflight(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
+        except (ValueError, CheckpointError, tracking.TrackingUnavailable) as error:
+            # Hydra turns a callback's exceptions into warnings and goes on: exit here.
+            sys.exit(f"Error: {error}")
+
+
 @dataclass
 class Run:
     cfg: DictConfig
@@ -174,10 +302,14 @@ class Run:
     # -- build ---------------------------------------------------------------------------------
     @classmethod
     def start(cls, cfg: DictConfig) -> Run:
+        check_resume(cfg)
         run_dir = Path(cfg.resume or cfg.output_dir)
+        # Without resume=, a folder that already holds a run continues it (a requeued SLURM
+        # job restarts in its own folder): only with the same method.
+        if cfg.resume is None and (run_dir / "state.json").is_file():
+            check_same_method(cfg, run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
-        state_path = run_dir / "state.json"
-        state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        state = load_state(run_dir)
         env = make_env(OmegaConf.to_object(cfg.task))
         levels = list(cfg.coordination.bid_levels)
         demos, budget_demos = start_demonstrations(env, cfg)
@@ -258,9 +390,13 @@ class Run:
         return metrics
 
     def fit(self) -> bool:
-        """RL: the 4:1 schedule of action and bid updates, checkpointed every update.
+        """RL: the 4:1 schedule of action and bid updates, checkpointed every
+        ``rl.checkpoint_every`` updates (:class:`CrashSafeCheckpoint`); continues from the run's
+        last checkpoint.
 
-        Returns whether the schedule is complete (``rl.stop_after`` can end the process early).
+        Returns whether the schedule is complete (``rl.stop_after`` can end the process early);
+        raises :class:`RunInterrupted` after a stop signal, once the update in progress is
+        done and checkpointed.
         """
         credit = OmegaConf.to_container(self.cfg.credit)
         collector = Collector(
@@ -272,27 +408,26 @@ class Run:
             credit_parameters=credit,
         )
         module = SwarmModule(self.population, collector, self.cfg.rl, self.cfg.model.temperature)
-        checkpoints = self.run_dir / "checkpoints"
-        last = checkpoints / "last.ckpt"
+        checkpoint = CrashSafeCheckpoint(
+            self.run_dir / "checkpoints",
+            self.cfg.rl.checkpoint_every,
+            module.total_updates,
+            {"mlflow_run_id": self.state.get("mlflow_run_id")},
+        )
         trainer = L.Trainer(
             max_epochs=module.total_updates,
-            callbacks=[
-                ModelCheckpoint(
-                    dirpath=checkpoints,
-                    save_last=True,
-                    save_top_k=0,
-                    every_n_epochs=self.cfg.rl.checkpoint_every,
-                ),
-                UpdateProgress(module.total_updates),
-            ],
+            callbacks=[checkpoint, UpdateProgress(module.total_updates)],
             enable_checkpointing=True,
             enable_progress_bar=False,
             **self.trainer_kwargs(),
         )
-        trainer.fit(module, ckpt_path=str(last) if last.exists() else None)
+        start = resume_checkpoint(checkpoint.folder)
+        trainer.fit(module, ckpt_path=str(start) if start else None)
         self.state["rl_world_size"] = trainer.world_size
         self.save_state()
         self.history = module.history
+        if checkpoint.stop_signal is not None:
+            raise RunInterrupted(checkpoint.stop_signal, checkpoint.last, checkpoint.updates_saved)
         return module.finished
 
     def finish(self) -> None:
@@ -326,6 +461,9 @@ class Run:
         if strategy == "ddp":
             # Agents that did not act this update have no gradient: let DDP skip them.
             strategy = DDPStrategy(find_unused_parameters=True)
+        # Lightning's SLURM auto-requeue saves a checkpoint from inside its signal handler, in
+        # the middle of an update; bidswarm checkpoints at the next update boundary instead.
+        plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None
         return dict(
             accelerator=t.accelerator,
             devices=t.devices,
@@ -340,18 +478,23 @@ class Run:
             log_every_n_steps=1,
             use_distributed_sampler=False,
             default_root_dir=str(self.run_dir),
+            plugins=plugins,
         )
 
     def save_state(self) -> None:
         if rank_zero_only.rank == 0:
-            (self.run_dir / "state.json").write_text(json.dumps(self.state, indent=1))
+            write_atomically(self.run_dir / "state.json", json.dumps(self.state, indent=1))
 
     def log_artifact(self, path: Path) -> None:
         if isinstance(self.logger, MLFlowLogger) and rank_zero_only.rank == 0:
             self.logger.experiment.log_artifact(self.logger.run_id, str(path))
 
     def close(self, status: str) -> None:
-        self.logger.finalize("success" if status == "FINISHED" else "failed")
+        """End the tracking run as ``FINISHED``, ``FAILED`` or ``KILLED`` (a stop signal)."""
+        if isinstance(self.logger, MLFlowLogger):
+            self.logger.finalize(status)  # MLflow's own status names
+        else:
+            self.logger.finalize("success" if status == "FINISHED" else "failed")
 
     def print_summary(self) -> None:
         """Where the run is; held-out reward before and after RL, and after RL minus before

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -11,6 +13,12 @@ from hydra.types import RunMode
 
 DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
 SWEEP_TAG = "bidswarm.sweep_dir"
+HEALTH_TIMEOUT_S = 5.0
+"""How long the check before training waits for a tracking server to answer."""
+
+
+class TrackingUnavailable(RuntimeError):
+    """The configured MLflow store cannot be used."""
 
 
 def tracking_uri(configured: str | None) -> str:
@@ -22,6 +30,35 @@ def tracking_uri(configured: str | None) -> str:
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     return uri
+
+
+def check_store(uri: str) -> None:
+    """Fail fast, before anything is built, when MLflow cannot use ``uri``: a URI without a
+    scheme MLflow accepts, or a tracking server that does not answer its ``/health`` check
+    within :data:`HEALTH_TIMEOUT_S` (MLflow's own client would retry for minutes)."""
+    from bidswarm.config import tracking_uri_problems
+
+    problems = tracking_uri_problems("tracking URI", uri)
+    if problems:
+        raise TrackingUnavailable(
+            f"{problems[0]} (from logger.tracking_uri or MLFLOW_TRACKING_URI)"
+        )
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=HEALTH_TIMEOUT_S) as reply:
+            answer = reply.read(64).decode(errors="replace").strip()
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        answer = None
+    if answer != "OK":
+        reason = f"answered {answer!r}" if answer is not None else str(reason)
+        raise TrackingUnavailable(
+            f"the MLflow tracking server {uri} is not reachable ({reason}). Start it "
+            "(`mlflow server --host 127.0.0.1 --port 5000 --backend-store-uri "
+            "sqlite:///outputs/mlflow.db`), point MLFLOW_TRACKING_URI or logger.tracking_uri "
+            "at a reachable store, or train with logger=csv"
+        )
 
 
 def experiment_id(client, name: str) -> str:

@@ -7,22 +7,39 @@ python -m bidswarm.train -m ablation=random_credit,round_robin seed=0,1,2
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 import hydra
 import lightning as L
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
-from bidswarm.config import register_configs, validate
-from bidswarm.run import Run
+from bidswarm.config import refuse_unknown_choices, register_configs
+from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
+from bidswarm.run import Run, preflight
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 register_configs()
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
-    """The whole job; returns the held-out metrics after RL (or before, if RL is off)."""
-    run = Run.start(cfg)
+    """The whole job; returns the held-out metrics after RL (or before, if RL is off).
+
+    A stop signal (SIGTERM, SIGUSR1) ends it with exit code 128 + the signal, after the RL
+    update in progress is checkpointed; under SLURM, SIGUSR1 also requeues the job.
+    """
+    STOP_SIGNALS_OF_THIS_PROCESS.install()
+    try:
+        run = Run.start(cfg)
+    except RunInterrupted as stop:
+        stop_with_signal(stop, cfg.resume or cfg.output_dir)
     try:
         if not run.state.get("sft_done"):
             run.cold_start()
@@ -34,16 +51,59 @@ def train(cfg: DictConfig) -> dict[str, float]:
             return {}
         result = run.evaluate_and_record("eval_after") if cfg.eval.enabled else {}
         run.finish()
-    except BaseException:
+    except RunInterrupted as stop:
+        run.close(status="KILLED")
+        stop_with_signal(stop, run.run_dir)
+    except BaseException as error:
         run.close(status="FAILED")
+        explain_distributed_failure(error, run.run_dir)
         raise
     run.close(status="FINISHED")
     return result
 
 
+def stop_with_signal(stop: RunInterrupted, run_dir: str | Path) -> NoReturn:
+    """Say what a stop signal left behind, requeue under SLURM (SIGUSR1), exit 128 + signal."""
+    name = signal.Signals(stop.signum).name
+    if stop.checkpoint is not None:
+        what = f"checkpointed after update {stop.updates} in {stop.checkpoint}"
+    else:
+        what = "stopped before RL checkpointed anything new (SFT and evaluation are redone)"
+    print(f"[bidswarm] {name} received: {what}; continue with resume={run_dir}", flush=True)
+    job = slurm_job_id()
+    if stop.signum == signal.SIGUSR1 and job and rank_zero_only.rank == 0:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        outcome = "requeued" if done.returncode == 0 else f"could not requeue ({done.stderr})"
+        print(f"[bidswarm] SLURM job {job}: {outcome}", flush=True)
+    raise SystemExit(stop.exit_code)
+
+
+def slurm_job_id() -> str | None:
+    """This SLURM job's id (``<array job>_<task>`` in an array), or None outside SLURM."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def explain_distributed_failure(error: BaseException, run_dir: Path) -> None:
+    """In a multi-process run, say which process stopped and why, and how to continue: a
+    collective that fails because another process died is otherwise a bare gloo/NCCL trace."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    reason = (str(error).splitlines() or [""])[0][:300]
+    print(
+        f"[bidswarm] process {rank} of {world} stops: {type(error).__name__}: {reason}\n"
+        f"[bidswarm] when another process died first, its log says why; the run continues "
+        f"from its last checkpoint with resume={run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
-    validate(cfg)
+    preflight(cfg)  # again per job: a sweep's jobs differ from the config Preflight saw
     if cfg.model.torch_threads:
         torch.set_num_threads(cfg.model.torch_threads)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -52,4 +112,8 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    try:
+        refuse_unknown_choices(sys.argv[1:], CONF)
+    except ValueError as error:
+        sys.exit(f"Error: {error}")
     sys.exit(main())

@@ -11,6 +11,8 @@ then it clips each agent's gradient and steps the one optimizer.
 
 from __future__ import annotations
 
+import random
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
@@ -85,12 +87,29 @@ class SwarmModule(L.LightningModule):
         return len(self.history) >= self.total_updates
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["bidswarm"] = {"usage": self.collector.usage.as_dict(), "history": self.history}
+        """Counters, per-update metrics and the process's RNG states (each update draws its
+        own randomness from (seed, rank, update); the global generators are kept so that
+        nothing else drawn from them differs after a resume)."""
+        checkpoint["bidswarm"] = {
+            "usage": self.collector.usage.as_dict(),
+            "history": self.history,
+            "rng": {
+                "python": random.getstate(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["bidswarm"]
         self.collector.usage.load(state["usage"])
         self.history = list(state["history"])
+        rng = state.get("rng")  # absent from checkpoints written before it was kept
+        if rng is not None:
+            random.setstate(rng["python"])
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(rng["cuda"])
 
     # -- learning ------------------------------------------------------------------------------
     def learn(self, batches: list[ActionBatch] | list[BidBatch]) -> dict[str, float]:

@@ -73,9 +73,15 @@ def parse_action(reply: str) -> NavAction | None:
     if match.group("stop"):
         return NavAction("stop")
     if match.group("side"):
-        degrees = snap(int(match.group("degrees")), TURN_DEGREES)
+        degrees = snap(_number(match.group("degrees")), TURN_DEGREES)
         return NavAction(f"turn_{match.group('side').lower()}", degrees)
-    return NavAction("move_forward", snap(int(match.group("centimetres")), MOVE_CENTIMETRES))
+    return NavAction("move_forward", snap(_number(match.group("centimetres")), MOVE_CENTIMETRES))
+
+
+def _number(digits: str) -> int:
+    """The number a reply says; a huge one (Python refuses to convert more than 4300 digits)
+    stands for a large number, which snaps to the largest level as any large number does."""
+    return int(digits) if len(digits) <= 9 else 10**9
 
 
 def role_may_act(role: str | None, action: NavAction) -> bool:

@@ -1,0 +1,278 @@
+"""Every bad config value is refused before a folder, a model or an env is made, and the
+message names the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import OmegaConfBaseException
+
+from bidswarm.config import (
+    ConfigError,
+    check_machine,
+    refuse_unknown_choices,
+    register_configs,
+    validate,
+)
+from conftest import CONF, ROOT
+
+register_configs()
+
+# (overrides, the key named, the value as the message writes it, words of what is allowed)
+INVALID = [
+    # task
+    (["task.max_decisions=0"], "task.max_decisions", "0", ">= 1"),
+    (["task.n_train_seeds=0"], "task.n_train_seeds", "0", ">= 1"),
+    (["task.n_heldout_seeds=-3"], "task.n_heldout_seeds", "-3", ">= 1"),
+    (["task.heldout_seed_offset=10"], "task.heldout_seed_offset", "10", "disjoint"),
+    (
+        ["task=crafting_torch", "task.target=diamond_sword"],
+        "task.target",
+        "'diamond_sword'",
+        "choose one of",
+    ),
+    (["task.expert_bids=loud"], "task.expert_bids", "'loud'", "graded"),
+    (["task.history_length=-1"], "task.history_length", "-1", ">= 0"),
+    (["task.frames_per_hardness=0"], "task.frames_per_hardness", "0.0", "> 0"),
+    (["task=navigation_r2r", "task.door_width=9"], "task.door_width", "9.0", "min_room_size"),
+    (
+        ["task=navigation_r2r", "task.extra_door_probability=1.5"],
+        "task.extra_door_probability",
+        "1.5",
+        "[0, 1]",
+    ),
+    (
+        ["task=navigation_r2r", "task.min_route_rooms=5"],
+        "task.min_route_rooms",
+        "5",
+        "max_route_rooms",
+    ),
+    (["task=navigation_r2r", "task.success_distance=-1"], "task.success_distance", "-1.0", "> 0"),
+    (["task=research", "task.judge=vibes"], "task.judge", "'vibes'", "'match' or 'llm'"),
+    (
+        [
+            "task=research",
+            "task.judge=llm",
+            "task.judge_url=localhost:8000/v1",
+            "task.judge_model=m",
+        ],
+        "task.judge_url",
+        "'localhost:8000/v1'",
+        "http://",
+    ),
+    (["task=research", "task.min_hops=5"], "task.min_hops", "5", "min_hops <= max_hops"),
+    # model
+    (["model.tiny.hidden_size=63"], "model.tiny.hidden_size", "63", "multiple of"),
+    (["model.tiny.num_layers=0"], "model.tiny.num_layers", "0", ">= 1"),
+    (
+        ["model.tiny.max_position_embeddings=100"],
+        "model.tiny.max_position_embeddings",
+        "100",
+        "longest sequence",
+    ),
+    (["model.temperature=0"], "model.temperature", "0.0", "> 0"),
+    (["model.max_bid_tokens=0"], "model.max_bid_tokens", "0", ">= 1"),
+    (["model.max_action_tokens=-5"], "model.max_action_tokens", "-5", ">= 1"),
+    (["model.dtype=float8"], "model.dtype", "'float8'", "float32"),
+    (["model.prompt_style=chat"], "model.prompt_style", "'chat'", "compact"),
+    (["model.source=hub"], "model.path", "None", "source=hub"),
+    (["model.torch_threads=0"], "model.torch_threads", "0", ">= 1"),
+    (["model=smollm2_135m", "model.gguf_file=null"], "model.gguf_file", "None", "source=gguf"),
+    # coordination and credit
+    (
+        ["coordination.bid_levels=[0,0.5,1.2]"],
+        "coordination.bid_levels",
+        "[0.0, 0.5, 1.2]",
+        "[0, 1]",
+    ),
+    (["coordination.bid_levels=[0.2,0.4]"], "coordination.bid_levels", "[0.2, 0.4]", "include 0"),
+    (["coordination.bid_levels=[0]"], "coordination.bid_levels", "[0.0]", "above 0"),
+    (
+        ["coordination.bid_levels=[0,0.21,0.24]"],
+        "coordination.bid_levels",
+        "[0.0, 0.21, 0.24]",
+        "one decimal",
+    ),
+    (["coordination.replicas=0"], "coordination.replicas", "0", ">= 1"),
+    (
+        ["coordination=monolithic", "coordination.replicas=2"],
+        "coordination.replicas",
+        "2",
+        "must be 1",
+    ),
+    (["coordination.name=dictator"], "coordination.name", "'dictator'", "auction"),
+    (["credit.name=magic"], "credit.name", "'magic'", "bucket_brigade"),
+    # trainer and logger
+    (["trainer.accelerator=tpu"], "trainer.accelerator", "'tpu'", "cpu"),
+    (["trainer.devices=0"], "trainer.devices", "0", ">= 1 or -1"),
+    (["trainer.num_nodes=0"], "trainer.num_nodes", "0", ">= 1"),
+    (["trainer.strategy=fsdp"], "trainer.strategy", "'fsdp'", "ddp"),
+    (["trainer.precision=8-bit"], "trainer.precision", "'8-bit'", "32-true"),
+    (["trainer.strategy=deepspeed_stage_2"], "trainer.accelerator", "'cpu'", "DeepSpeed"),
+    (
+        ["logger.tracking_uri=outputs/mlflow.db"],
+        "logger.tracking_uri",
+        "'outputs/mlflow.db'",
+        "sqlite:///",
+    ),
+    (["logger.tracking_uri=http://"], "logger.tracking_uri", "'http://'", "http://127.0.0.1"),
+    (["logger.name=wandb"], "logger.name", "'wandb'", "mlflow"),
+    # sft
+    (["sft.lr=-1"], "sft.lr", "-1.0", "> 0"),
+    (["sft.epochs=0"], "sft.epochs", "0", ">= 1"),
+    (["sft.batch_size=0"], "sft.batch_size", "0", ">= 1"),
+    (["sft.demo_episodes=5000"], "sft.demo_episodes", "5000", "n_train_seeds"),
+    (["sft.bid_fraction=0"], "sft.bid_fraction", "0.0", "(0, 1]"),
+    (["sft.weight_decay=-0.1"], "sft.weight_decay", "-0.1", ">= 0"),
+    (["model.sft_lr=nan"], "model.sft_lr", "nan", "finite"),
+    # rl
+    (["rl.cycles=0"], "rl.cycles", "0", ">= 1"),
+    (["rl.lr=0"], "rl.lr", "0.0", "> 0"),
+    (["rl.lr=inf"], "rl.lr", "inf", "finite"),
+    (["rl.envs_per_update=0"], "rl.envs_per_update", "0", "n_train_seeds"),
+    (["rl.action_updates=0", "rl.bid_updates=0"], "rl.action_updates", "0", ">= 1"),
+    (["rl.grad_clip=-1"], "rl.grad_clip", "-1.0", ">= 0"),
+    (["rl.fork_budget=-1"], "rl.fork_budget", "-1", ">= 0"),
+    (["rl.max_bid_resamples=0"], "rl.max_bid_resamples", "0", ">= 1"),
+    (["rl.bid_resample_temperature=0"], "rl.bid_resample_temperature", "0.0", "> 0"),
+    (["rl.bt_beta=0"], "rl.bt_beta", "0.0", "> 0"),
+    (["rl.checkpoint_every=0"], "rl.checkpoint_every", "0", ">= 1"),
+    (["rl.stop_after=0"], "rl.stop_after", "0", ">= 1"),
+    (["rl.loss_normalization=max"], "rl.loss_normalization", "'max'", "token_mean"),
+    (["rl.fork_steps=some"], "rl.fork_steps", "'some'", "until_last_reward"),
+    (["rl.bid_resample=never"], "rl.bid_resample", "'never'", "rejection"),
+    # eval
+    (["eval.runs_per_seed=0"], "eval.runs_per_seed", "0", ">= 1"),
+    (["eval.max_seeds=0"], "eval.max_seeds", "0", ">= 1"),
+]
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def test_the_list_covers_every_group():
+    assert len(INVALID) >= 30
+    sections = {key.split(".")[0] for _, key, _, _ in INVALID}
+    assert {"task", "model", "coordination", "credit", "trainer", "logger", "sft", "rl"} <= sections
+
+
+def refusal(overrides: list[str]) -> str:
+    """The message that refuses ``overrides``: from composition (a wrong type, or a choice
+    the schema's enum lacks) or from :func:`validate`; fails the test when none does."""
+    try:
+        cfg = compose_train(overrides)
+    except (ConfigCompositionException, OmegaConfBaseException) as error:
+        return f"{error}\n{error.__cause__ or ''}"
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, key, value, allowed", INVALID, ids=[" ".join(case[0]) for case in INVALID]
+)
+def test_invalid_value_is_refused_naming_key_value_and_what_is_allowed(
+    overrides, key, value, allowed
+):
+    message = refusal(overrides)
+    lines = [line.strip() for line in message.splitlines()]
+    named = [line for line in lines if line.startswith(f"{key}={value}:")]
+    if named:  # bidswarm's own checks: one line per problem
+        assert any(allowed in line for line in named), f"{allowed!r} not said in {named}"
+    else:  # the schema's own type or enum check, at composition
+        assert f"{key}=" in message and value.strip("'") in message, message
+        assert allowed in message, f"{allowed!r} not said in {message}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("trainer", ["gpu", "deepspeed_stage_2", "multinode"])
+def test_gpu_trainer_without_cuda_is_refused_by_the_machine_check(trainer):
+    cfg = compose_train([f"trainer={trainer}"])
+    validate(cfg)  # the values are fine; this machine cannot run them
+    with pytest.raises(ConfigError, match=r"trainer\.accelerator='gpu': no CUDA device"):
+        check_machine(cfg)
+
+
+def test_judge_key_variable_must_be_set(monkeypatch):
+    monkeypatch.delenv("BIDSWARM_TEST_UNSET_KEY", raising=False)
+    cfg = compose_train(
+        [
+            "task=research",
+            "task.judge=llm",
+            "task.judge_url=http://127.0.0.1:9/v1",
+            "task.judge_model=m",
+            "task.judge_api_key_env=BIDSWARM_TEST_UNSET_KEY",
+        ]
+    )
+    validate(cfg)
+    with pytest.raises(ConfigError, match=r"task\.judge_api_key_env='BIDSWARM_TEST_UNSET_KEY'"):
+        check_machine(cfg)
+
+
+def test_every_problem_is_listed_at_once():
+    cfg = compose_train(["sft.lr=-1", "rl.cycles=0", "model.tiny.hidden_size=63"])
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    for key in ("sft.lr", "rl.cycles", "model.tiny.hidden_size"):
+        assert f"{key}=" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "arguments, named, option",
+    [
+        (["task=nonexistent"], "task=nonexistent", "crafting_iron_pickaxe"),
+        (["-m", "model=tiny,huge"], "model=huge", "smollm2_135m"),
+        (["debug=smok"], "debug=smok", "smoke"),
+    ],
+)
+def test_unknown_option_lists_the_real_options_and_no_schema(arguments, named, option):
+    with pytest.raises(ConfigError) as error:
+        refuse_unknown_choices(arguments, CONF)
+    message = str(error.value)
+    assert message.startswith(named) and option in message
+    assert "_schema" not in message
+
+
+def test_known_options_and_other_overrides_pass():
+    refuse_unknown_choices(
+        ["-m", "task=crafting_torch,research", "debug=null", "rl.cycles=2", "seed=0,1"], CONF
+    )
+
+
+def test_cli_refuses_bad_values_fast_and_makes_no_folder(tmp_path):
+    """The real CLI: the key, value and what is allowed; no run folder, no model, exit 1."""
+    run_dir = tmp_path / "run"
+    cases = {
+        ("sft.lr=-1", "model.tiny.hidden_size=63"): [
+            "sft.lr=-1.0: must be a finite number > 0",
+            "model.tiny.hidden_size=63: must be a multiple of model.tiny.num_heads (4)",
+        ],
+        ("task=nonexistent",): ["task=nonexistent: no such option; choose one of"],
+    }
+    for overrides, expected in cases.items():
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bidswarm.train",
+                "logger=csv",
+                f"hydra.run.dir={run_dir}",
+                *overrides,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 1, result.stdout + result.stderr
+        for line in expected:
+            assert line in result.stderr, result.stderr
+        assert "_schema" not in result.stderr
+        assert not run_dir.exists(), "a refused config made its run folder"
