@@ -14,7 +14,7 @@ from bidswarm.algorithms.credit import (
     bucket_brigade_credit,
     make_credit_rule,
 )
-from bidswarm.config import register_configs, validate
+from bidswarm.config import ConfigError, register_configs, validate
 from bidswarm.coordination.base import Decision
 from bidswarm.envs.memory import MemoryTrace, Note, Read
 from bidswarm.rollout.batches import credited_batches
@@ -135,3 +135,21 @@ def test_memory_experiment_composes_and_validates():
         validate(cfg)
         assert cfg.task.memory.size >= 1 and cfg.task.private_inventory
     assert cfg.credit.memory_share == 0.5
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("credit.memory_share=1.5", "credit.memory_share"),
+        ("credit.temperature=0", "credit.temperature"),
+        ("credit.max_depth=-1", "credit.max_depth"),
+        ("credit.base=random", "credit.base"),
+        ("task.memory.top_k=0", "task.memory.top_k"),
+        ("task.memory.note_words=0", "task.memory.note_words"),
+        ("task.memory.size=0", "task.private_inventory"),
+    ],
+)
+def test_bad_memory_values_fail_naming_the_key(override, key):
+    cfg = compose_train(["experiment=memory", "credit=memory_tree", override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
