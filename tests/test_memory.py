@@ -216,7 +216,7 @@ def test_the_logger_gathers_wood_only_when_the_smith_asks():
         actions = [(d.role, d.reply) for d in episode.demonstrations if d.kind == "action"]
         actions = [action for action in actions if action[0] is not None]
         assert actions[0] == ("smith", "note: need wood")
-        for (role, reply), before in zip(actions[1:], actions, strict=False):
+        for (role, _reply), before in zip(actions[1:], actions, strict=False):
             if role == "logger" and before[0] != "logger":
                 assert before == ("smith", "note: need wood")
         chops = [reply for role, reply in actions if reply.startswith("chop a tree")]
