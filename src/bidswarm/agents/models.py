@@ -83,6 +83,11 @@ def _load_gguf(cfg: ModelConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
     model = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=cfg.gguf_file, dtype=torch_dtype(cfg.dtype)
     )
+    # The weights are dequantized: a plain model from here on, which save_pretrained can write
+    # (transformers refuses to save a model that still carries its GGUF quantizer).
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    del model.config.quantization_config
     return model, tokenizer
 
 

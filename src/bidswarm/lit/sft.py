@@ -14,6 +14,7 @@ no gradient, so AdamW leaves it unchanged.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections import defaultdict
@@ -283,7 +284,8 @@ def run_sft(
     }
     options.update(trainer_kwargs or {})
     population.train()
-    L.Trainer(**options).fit(module)
+    trainer = L.Trainer(**options)
+    trainer.fit(module)
     population.eval()
     result: dict[str, float] = {"sft/steps": float(module.total_steps)}
     for index, plan in enumerate(plans):
@@ -292,4 +294,8 @@ def run_sft(
         result[f"sft/trained_tokens/{name}"] = float(plan.trained_tokens)
         result[f"sft/loss_tokens/{name}"] = float(plan.loss_tokens)
     result["sft/trained_tokens"] = float(sum(plan.trained_tokens for plan in plans))
+    # The trainer and the module refer to each other: free the SFT optimizer's states (two
+    # copies of every weight) now, not at some later garbage collection, before RL makes its own.
+    del trainer, module
+    gc.collect()
     return result
