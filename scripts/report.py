@@ -1,6 +1,7 @@
 """Compare strategies from MLflow: a markdown table and plots of a sweep or an experiment.
 
-    python scripts/report.py --experiment tables --out outputs/reports/tables --results docs/results.md
+    python scripts/report.py --experiment tables --out outputs/reports/tables \
+        --results docs/results.md
     python scripts/report.py --parent <sweep parent run id> --out outputs/reports/sweep
     MLFLOW_TRACKING_URI=sqlite:////tmp/x.db python scripts/report.py --experiment bidswarm
 
