@@ -3,9 +3,7 @@ observations and on steps, forks, the experts' notes, the private-results resear
 
 from __future__ import annotations
 
-import random
 import re
-from collections import defaultdict
 
 import pytest
 
@@ -15,6 +13,7 @@ from bidswarm.envs.conformance import check_fork_contract
 from bidswarm.envs.experts import play_expert_episode
 from bidswarm.envs.memory import MemoryConfig, SharedMemory, overlap_score, split_note
 from bidswarm.envs.research import ResearchConfig, ResearchEnv
+from test_experts import expert_decisions
 
 BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 MEMORY = MemoryConfig(size=4, top_k=2, note_words=6)
@@ -131,26 +130,6 @@ def test_snapshot_holds_the_notes():
 
 
 # -- the experts write notes and still decide from the observation -------------------------------
-def expert_decisions(env: TextEnv, seeds: list[int]) -> dict:
-    """(observation, role) -> every (bid, action) the experts took there, over joint play."""
-    seen: dict = defaultdict(set)
-    for seed in seeds:
-        rng = random.Random(seed)
-        env.reset(seed)
-        while not env.done:
-            bids = {role: env.expert_bid(role) for role in env.roles}
-            for role in env.roles:
-                seen[(env.observation(role), role)].add((bids[role], env.expert_action(role)))
-            seen[(env.observation(None), None)].add((None, env.expert_action(None)))
-            top = max(bids.values())
-            if top <= 0.0:
-                env.skip()
-                continue
-            actor = rng.choice([role for role, bid in bids.items() if bid == top])
-            env.step(actor, env.expert_action(actor) or "")
-    return seen
-
-
 @pytest.mark.parametrize(
     "name, fields, episodes",
     [
