@@ -129,46 +129,6 @@ def reward_to_go_credit(rewards: Sequence[float]) -> tuple[list[float], float]:
     return credits, 0.0
 
 
-def _bucket_brigade_rule(
-    rewards: Sequence[float],
-    bids: Sequence[float],
-    rng: random.Random,
-    levels: Sequence[float],
-    reads: Reads = (),
-) -> tuple[list[float], float]:
-    return bucket_brigade_credit(rewards, bids)
-
-
-def _random_rule(
-    rewards: Sequence[float],
-    bids: Sequence[float],
-    rng: random.Random,
-    levels: Sequence[float],
-    reads: Reads = (),
-) -> tuple[list[float], float]:
-    return random_bid_credit(rewards, rng, levels)
-
-
-def _episode_return_rule(
-    rewards: Sequence[float],
-    bids: Sequence[float],
-    rng: random.Random,
-    levels: Sequence[float],
-    reads: Reads = (),
-) -> tuple[list[float], float]:
-    return episode_return_credit(rewards)
-
-
-def _reward_to_go_rule(
-    rewards: Sequence[float],
-    bids: Sequence[float],
-    rng: random.Random,
-    levels: Sequence[float],
-    reads: Reads = (),
-) -> tuple[list[float], float]:
-    return reward_to_go_credit(rewards)
-
-
 TREE_BASES = ("bucket_brigade", "episode_return", "reward_to_go")
 """Rules whose credits can root the memory's trees (deterministic, so diagnostics can replay
 them)."""
@@ -217,10 +177,13 @@ class MemoryTreeRule:
 
 
 CREDIT_RULES: dict[str, CreditRule] = {
-    "bucket_brigade": _bucket_brigade_rule,
-    "random": _random_rule,
-    "episode_return": _episode_return_rule,
-    "reward_to_go": _reward_to_go_rule,
+    # Each rule takes the uniform arguments and uses the ones its equation needs.
+    "bucket_brigade": lambda rewards, bids, rng, levels, reads=(): bucket_brigade_credit(
+        rewards, bids
+    ),
+    "random": lambda rewards, bids, rng, levels, reads=(): random_bid_credit(rewards, rng, levels),
+    "episode_return": lambda rewards, bids, rng, levels, reads=(): episode_return_credit(rewards),
+    "reward_to_go": lambda rewards, bids, rng, levels, reads=(): reward_to_go_credit(rewards),
     "memory_tree": MemoryTreeRule(),
 }
 """Every ``credit.name``; ``memory_tree`` here with its default parameters."""
