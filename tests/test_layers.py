@@ -3,8 +3,9 @@
 
 Bottom: ``algorithms`` (pure math), ``envs``, ``statistics``, ``plots``; then the coordination
 rules (pure decisions: they import no collector, no model, no torch); ``config``; ``agents``
-and ``tracking``; ``rollout`` (the collector); ``lit`` (the learners); ``run``, ``train`` and
-``evaluate`` on top. A module may import its own layer's package or any lower layer.
+and ``tracking``; ``rollout`` (the collector); ``lit`` (the learners); ``run``, ``train``,
+``evaluate`` and ``report`` on top. A module may import its own layer's package or any
+lower layer.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ LAYERS = {
     "run": 6,
     "train": 7,
     "evaluate": 7,
+    "report": 7,
 }
 """The layer of each top-level module or package of ``bidswarm``."""
 

@@ -1,5 +1,6 @@
-"""``scripts/report.py``: strategies pooled over seeds, statistics over (training seed, world)
-cells, paired differences to a reference strategy, the plots, a real sweep."""
+"""``bidswarm.report`` (``scripts/report.py``): strategies pooled over seeds, statistics over
+(training seed, world) cells, paired differences to a reference strategy, the plots,
+a real sweep."""
 
 from __future__ import annotations
 
@@ -10,18 +11,8 @@ import sys
 
 import pytest
 
+from bidswarm import report
 from conftest import ROOT
-
-
-def load_report():
-    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["report"] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
-
-
-report = load_report()
 
 
 def test_overrides_every_run_shares_do_not_name_a_strategy():

@@ -1,0 +1,565 @@
+"""Compare strategies from MLflow: a markdown table and plots of a sweep or an experiment.
+
+    python scripts/report.py --experiment tables --out outputs/reports/tables \
+        --results docs/results.md
+    python scripts/report.py --parent <sweep parent run id> --out outputs/reports/sweep
+    MLFLOW_TRACKING_URI=sqlite:////tmp/x.db python scripts/report.py --experiment bidswarm
+
+Runs are grouped into strategies by their name (the Hydra overrides) with ``seed=``,
+``run_dir=`` and the overrides every run shares left out, so the seeds of one strategy pool
+together. Training
+runs give their held-out result after RL (``eval_after/...``) and their training curves;
+evaluation runs (``python -m bidswarm.evaluate``) give ``eval/...`` and borrow the training FLOPs
+of the run they evaluated. Writes ``report.md``, ``reward_vs_flops.png`` and
+``participation.png`` into ``--out`` and prints the tables.
+
+Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
+held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
+evaluation runs). A strategy's mean, SE and 95% t interval are over its (training seed, world)
+cells; every strategy is compared with the reference strategy (``--reference``, default the
+MPT defaults) by the paired difference over the (training seed, world) cells both hold, with a
+two-way cluster bootstrap interval over training seeds and worlds
+(:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
+fall back to statistics over their run-level means and are left out of the pairing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from mlflow.entities import Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from bidswarm import statistics, tracking
+
+POOLED_KEYS = (
+    "seed",
+    "run_dir",
+    "max_seeds",
+    "runs_per_seed",
+    "batch_size",
+    "device",
+)
+"""Override keys that do not make a strategy (runs differing only in them are pooled)."""
+DEFAULT_STRATEGY = "mpt (defaults)"
+
+
+@dataclass
+class RunResult:
+    """What the report needs of one MLflow run."""
+
+    run_id: str
+    strategy: str
+    heldout_mean: float | None
+    heldout_se: float | None
+    training_flops: float | None
+    curves: dict[str, list[float]] = field(default_factory=dict)
+    """Per-update histories: ``reward/mean``, ``reward/se``, ``flops/total``, participation."""
+    training_seed: int | None = None
+    """The ``seed`` the evaluated agents were trained with (None: unknown, left unpaired)."""
+    world_rewards: dict[int, float] | None = None
+    """Held-out mean reward per world id (None: the run logged none)."""
+    before_world_rewards: dict[int, float] | None = None
+    """A training run's held-out per-world rewards before RL (after SFT), if measured."""
+    participation: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``before`` / ``after`` -> role -> share of acting steps on the held-out worlds."""
+
+
+@dataclass
+class StrategyRow:
+    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)."""
+
+    strategy: str
+    mean: float
+    se: float
+    runs: int
+    training_flops: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int = 1
+    unit: str = "runs"
+    cells: dict[tuple[object, int], float] = field(default_factory=dict)
+    """(training seed, world) -> mean reward, for pairing (empty: no per-world rewards)."""
+
+
+@dataclass
+class DifferenceRow:
+    """``strategy`` minus the reference, paired by (training seed, world); None: not paired."""
+
+    strategy: str
+    difference: statistics.Difference | None
+
+
+def strategy_of(run_name: str) -> str:
+    """``ablation=monolithic,seed=2`` -> ``ablation=monolithic``; nothing left -> the default."""
+    name = run_name.removeprefix("eval ").strip()
+    if name in ("", "default"):
+        return DEFAULT_STRATEGY
+    kept = [part for part in name.split(",") if part.split("=", 1)[0] not in POOLED_KEYS]
+    return ",".join(kept) or DEFAULT_STRATEGY
+
+
+def find_runs(client: MlflowClient, parent: str | None, experiment: str | None) -> list[Run]:
+    """The children of sweep run ``parent``, or every non-parent run of ``experiment``."""
+    if parent is not None:
+        experiment_id = client.get_run(parent).info.experiment_id
+        return client.search_runs(
+            [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+        )
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise SystemExit(f"no MLflow experiment named {experiment!r}")
+    runs = client.search_runs([found.experiment_id])
+    return [run for run in runs if tracking.SWEEP_TAG not in run.data.tags]
+
+
+def seed_of(params: dict[str, str], run_name: str) -> int | None:
+    """A run's ``seed`` param, else the ``seed=`` of its name, else None."""
+    value = params.get("seed")
+    if value is None:
+        overrides = dict(part.split("=", 1) for part in run_name.split(",") if "=" in part)
+        value = overrides.get("seed")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_world_rewards(client: MlflowClient, run_id: str, key: str) -> dict[int, float] | None:
+    """The artifact ``heldout/<key>_worlds.json`` of a run (None: the run logged none)."""
+    name = f"heldout/{key}_worlds.json"
+    try:
+        if name not in {a.path for a in client.list_artifacts(run_id, "heldout")}:
+            return None
+        with tempfile.TemporaryDirectory() as folder:
+            text = Path(client.download_artifacts(run_id, name, folder)).read_text()
+    except (MlflowException, OSError):  # artifacts in a store this machine cannot read
+        return None
+    return {int(world): float(reward) for world, reward in json.loads(text).items()}
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[float]:
+    """Values of ``key`` in logging order."""
+    points = sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+    return [m.value for m in points]
+
+
+def read_run(client: MlflowClient, run: Run) -> RunResult:
+    metrics = run.data.metrics
+    strategy = strategy_of(run.info.run_name or "")
+    if run.data.tags.get("bidswarm.kind") == "evaluate":
+        # Its own ``seed`` is the evaluation's; the training seed is its source run's.
+        flops, seed = None, None
+        source = run.data.tags.get("bidswarm.source_run")
+        if source is not None:
+            try:
+                trained = client.get_run(source)
+            except Exception:  # the source run lives in another store: no FLOPs to show
+                trained = None
+            if trained is not None:
+                flops = trained.data.metrics.get("flops/total")
+                seed = seed_of(trained.data.params, trained.info.run_name or "")
+        return RunResult(
+            run.info.run_id,
+            strategy,
+            metrics.get("eval/reward/mean"),
+            metrics.get("eval/reward/se"),
+            flops,
+            training_seed=seed,
+            world_rewards=read_world_rewards(client, run.info.run_id, "eval"),
+        )
+    keys = ["reward/mean", "reward/se", "flops/total"]
+    keys += sorted(k for k in metrics if k.startswith("participation/"))
+    participation = {
+        when: {
+            key.rsplit("/", 1)[1]: value
+            for key, value in metrics.items()
+            if key.startswith(f"eval_{when}/participation/")
+        }
+        for when in ("before", "after")
+    }
+    return RunResult(
+        run.info.run_id,
+        strategy,
+        metrics.get("eval_after/reward/mean"),
+        metrics.get("eval_after/reward/se"),
+        metrics.get("flops/total"),
+        {key: history(client, run.info.run_id, key) for key in keys},
+        training_seed=seed_of(run.data.params, run.info.run_name or ""),
+        world_rewards=read_world_rewards(client, run.info.run_id, "eval_after"),
+        before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
+        participation=participation,
+    )
+
+
+def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Runs per strategy; when strategies differ, the overrides they all share
+    (``experiment=tables``) are left out of their names."""
+    parts = [set(r.strategy.split(",")) - {DEFAULT_STRATEGY} for r in results]
+    distinct = len({r.strategy for r in results}) > 1
+    common = set.intersection(*parts) if parts and distinct else set()
+    groups: dict[str, list[RunResult]] = {}
+    for result in results:
+        kept = [p for p in result.strategy.split(",") if p not in common]
+        groups.setdefault(",".join(kept) or DEFAULT_STRATEGY, []).append(result)
+    return dict(sorted(groups.items()))
+
+
+def strategy_cells(results: list[RunResult]) -> dict[tuple[object, int], float]:
+    """(training seed, world) -> mean reward over the strategy's runs of that seed (a run of
+    unknown seed is its own cluster, ``run <id>``, which pairs with nothing)."""
+    values: dict[tuple[object, int], list[float]] = {}
+    for result in results:
+        cluster = result.training_seed
+        if cluster is None:
+            cluster = f"run {result.run_id}"
+        for world, reward in (result.world_rewards or {}).items():
+            values.setdefault((cluster, world), []).append(reward)
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
+def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
+    """Mean, SE and 95% CI per strategy over its (training seed, world) cells when every run
+    logged per-world rewards; else over its runs' means (one run: its own SE, no CI)."""
+    rows = []
+    for strategy, results in groups.items():
+        scored = [r for r in results if r.heldout_mean is not None]
+        if not scored:
+            continue
+        flops = [r.training_flops for r in scored if r.training_flops is not None]
+        row = StrategyRow(
+            strategy, 0.0, 0.0, len(scored), sum(flops) / len(flops) if flops else None
+        )
+        if all(r.world_rewards for r in scored):
+            row.cells = strategy_cells(scored)
+            s = statistics.summarize(list(row.cells.values()))
+            row.unit = "cells"
+        elif len(scored) == 1:
+            row.mean, row.se = scored[0].heldout_mean, scored[0].heldout_se or 0.0
+            rows.append(row)
+            continue
+        else:
+            s = statistics.summarize([r.heldout_mean for r in scored])
+        row.mean, row.se, row.ci_low, row.ci_high, row.n = s.mean, s.se, s.ci_low, s.ci_high, s.n
+        rows.append(row)
+    return sorted(rows, key=lambda row: row.mean, reverse=True)
+
+
+def markdown_table(rows: list[StrategyRow]) -> str:
+    """Mean ± SE, 95% CI and what they are over (cells or runs), runs, FLOPs, gap to the best."""
+    lines = [
+        "Held-out reward per strategy: mean ± SE and 95% t interval over its (training seed, "
+        "world) cells, each the mean of that world's runs (over runs' means for runs that "
+        "logged no per-world rewards).",
+        "",
+        "| strategy | held-out reward (mean ± SE) | 95% CI | over | runs | training FLOPs "
+        "| vs best |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best = rows[0].mean if rows else 0.0
+    for row in rows:
+        flops = f"{row.training_flops:.3g}" if row.training_flops is not None else "n/a"
+        gap = "best" if row is rows[0] else f"{row.mean - best:+.2f}"
+        ci = "n/a" if row.ci_low is None else f"{row.ci_low:.2f} .. {row.ci_high:.2f}"
+        over = f"{row.n} {row.unit}" if row.ci_low is not None else "1 run (its SE)"
+        lines.append(
+            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {over} | {row.runs} "
+            f"| {flops} | {gap} |"
+        )
+    return "\n".join(lines)
+
+
+def reference_strategy(rows: list[StrategyRow], chosen: str | None) -> str:
+    """``chosen``, else the MPT defaults when present, else the best row."""
+    names = [row.strategy for row in rows]
+    if chosen is not None:
+        if chosen not in names:
+            raise SystemExit(f"--reference {chosen!r}: no such strategy; strategies: {names}")
+        return chosen
+    return DEFAULT_STRATEGY if DEFAULT_STRATEGY in names else names[0]
+
+
+def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
+    """Every other strategy minus ``reference`` over the (training seed, world) cells both
+    hold (two-way cluster bootstrap CI); None when they share no cell."""
+    base = next(row for row in rows if row.strategy == reference)
+    out = []
+    for row in rows:
+        if row is base:
+            continue
+        shared = row.cells.keys() & base.cells.keys()
+        difference = (
+            statistics.paired_difference(row.cells, base.cells, row.strategy, reference)
+            if shared
+            else None
+        )
+        out.append(DifferenceRow(row.strategy, difference))
+    return out
+
+
+def difference_table(differences: list[DifferenceRow], reference: str) -> str:
+    """Markdown: strategy - reference, its 95% CI, how many cells were paired, the verdict."""
+    lines = [
+        f"Paired difference to **{reference}** on the same (training seed, world) cells; 95% CI "
+        "by a two-way cluster bootstrap over training seeds and worlds.",
+        "",
+        f"| strategy | − {reference} | 95% CI | paired cells | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for row in differences:
+        d = row.difference
+        if d is None:
+            lines.append(f"| {row.strategy} | n/a | n/a | 0 | not paired: no shared cell |")
+        else:
+            lines.append(
+                f"| {row.strategy} | {d.mean:+.2f} | {d.ci_low:+.2f} .. {d.ci_high:+.2f} "
+                f"| {d.n} | {d.verdict} |"
+            )
+    return "\n".join(lines)
+
+
+def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per training strategy, held-out reward after RL minus after SFT, paired on the
+    same (training seed, world) cells (empty when no run measured both)."""
+    lines = [
+        "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
+        "SFT, paired on the same (training seed, world) cells; 95% CI by the two-way cluster "
+        "bootstrap.",
+        "",
+        "| strategy | after SFT | after RL | RL − SFT | 95% CI | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    found = False
+    for strategy, results in groups.items():
+        both = [r for r in results if r.world_rewards and r.before_world_rewards]
+        if not both:
+            continue
+        found = True
+        after = strategy_cells(both)
+        before = strategy_cells(
+            [
+                RunResult(
+                    r.run_id,
+                    r.strategy,
+                    None,
+                    None,
+                    None,
+                    training_seed=r.training_seed,
+                    world_rewards=r.before_world_rewards,
+                )
+                for r in both
+            ]
+        )
+        d = statistics.paired_difference(after, before, "after RL", "after SFT")
+        lines.append(
+            f"| {strategy} | {statistics.summarize(list(before.values())).mean:.2f} "
+            f"| {statistics.summarize(list(after.values())).mean:.2f} | {d.mean:+.2f} "
+            f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.verdict} |"
+        )
+    return "\n".join(lines) if found else ""
+
+
+def participation_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy and role, the held-out share of acting steps after SFT -> after
+    RL, averaged over the strategy's runs (the paper's participation shift)."""
+    rows = []
+    for strategy, results in groups.items():
+        measured = [
+            r for r in results if r.participation.get("before") and r.participation.get("after")
+        ]
+        if not measured:
+            continue
+        roles = sorted({role for r in measured for role in r.participation["after"]})
+        shifts = []
+        for role in roles:
+            before = sum(r.participation["before"].get(role, 0.0) for r in measured) / len(measured)
+            after = sum(r.participation["after"].get(role, 0.0) for r in measured) / len(measured)
+            shifts.append(f"{role} {100 * before:.0f}% → {100 * after:.0f}%")
+        rows.append(f"| {strategy} | {'; '.join(shifts)} | {len(measured)} |")
+    if not rows:
+        return ""
+    header = [
+        "Participation on the held-out worlds (share of acting steps per role), after SFT → "
+        "after RL, mean over runs.",
+        "",
+        "| strategy | participation | runs |",
+        "|---|---|---|",
+    ]
+    return "\n".join(header + rows)
+
+
+def verdict(rows: list[StrategyRow]) -> str:
+    """One sentence: who wins and by how much (and whether the SEs overlap)."""
+    if not rows:
+        return "No run holds a held-out result yet."
+    if len(rows) == 1:
+        return f"Only one strategy: {rows[0].strategy} ({rows[0].mean:.2f} ± {rows[0].se:.2f})."
+    first, second = rows[0], rows[1]
+    gap = first.mean - second.mean
+    relative = f" ({100 * gap / abs(second.mean):+.0f}%)" if second.mean else ""
+    overlap = abs(gap) <= first.se + second.se
+    note = "within one SE of each other" if overlap else "separated by more than their SEs"
+    return (
+        f"Best: **{first.strategy}** {first.mean:.2f} ± {first.se:.2f}, {gap:+.2f}{relative} "
+        f"over {second.strategy} ({second.mean:.2f} ± {second.se:.2f}); {note}."
+    )
+
+
+def aligned_mean_and_se(series: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Per index over runs (truncated to the shortest): mean and SE across runs."""
+    length = min(len(s) for s in series)
+    stats = [statistics.summarize([s[i] for s in series]) for i in range(length)]
+    return [s.mean for s in stats], [s.se for s in stats]
+
+
+def plot_reward_vs_flops(groups: dict[str, list[RunResult]], path: Path) -> Path:
+    """Training reward against cumulative training FLOPs per strategy, with SE bands."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for strategy, results in groups.items():
+        curves = [r.curves for r in results if r.curves.get("reward/mean")]
+        if not curves:
+            continue
+        flops, _ = aligned_mean_and_se([c["flops/total"] for c in curves])
+        reward, se = aligned_mean_and_se([c["reward/mean"] for c in curves])
+        if len(curves) == 1:  # one seed: the band is the SE over that update's episodes
+            se = curves[0]["reward/se"][: len(reward)]
+        (line,) = ax.plot(flops, reward, marker="o", ms=3, label=f"{strategy} (n={len(curves)})")
+        lower = [m - s for m, s in zip(reward, se, strict=True)]
+        upper = [m + s for m, s in zip(reward, se, strict=True)]
+        ax.fill_between(flops, lower, upper, alpha=0.2, color=line.get_color())
+    ax.set_xlabel("training FLOPs (rollout + updates)")
+    ax.set_ylabel("training episode reward")
+    ax.set_title("Reward vs training FLOPs (mean ± SE)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_participation(groups: dict[str, list[RunResult]], path: Path) -> Path:
+    """Share of acting steps per role over the updates, one panel per strategy."""
+    trained = {s: rs for s, rs in groups.items() if any(r.curves.get("reward/mean") for r in rs)}
+    panels = max(len(trained), 1)
+    fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.5), squeeze=False)
+    for ax, (strategy, results) in zip(axes[0], trained.items(), strict=False):
+        roles = sorted({k for r in results for k in r.curves if k.startswith("participation/")})
+        for key in roles:
+            series = [r.curves[key] for r in results if r.curves.get(key)]
+            share, _ = aligned_mean_and_se(series)
+            ax.plot(range(len(share)), share, label=key.split("/", 1)[1])
+        ax.set_title(strategy, fontsize=9)
+        ax.set_xlabel("update")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        if roles:
+            ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("share of acting steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    client: MlflowClient,
+    parent: str | None,
+    experiment: str | None,
+    out: Path,
+    reference: str | None = None,
+) -> str:
+    """Tables (strategies; paired differences to ``reference``) + verdict + plots into
+    ``out``; returns the markdown."""
+    runs = find_runs(client, parent, experiment)
+    if not runs:
+        raise SystemExit("no runs found (is the tracking URI right?)")
+    groups = group_by_strategy([read_run(client, run) for run in runs])
+    rows = summarize(groups)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_reward_vs_flops(groups, out / "reward_vs_flops.png")
+    plot_participation(groups, out / "participation.png")
+    source = f"sweep parent run `{parent}`" if parent else f"experiment `{experiment}`"
+    sections = [f"# Strategy comparison ({source})", markdown_table(rows), verdict(rows)]
+    if len(rows) > 1:
+        base = reference_strategy(rows, reference)
+        sections.append(difference_table(paired_differences(rows, base), base))
+    sections += [table for table in (rl_gain_table(groups), participation_table(groups)) if table]
+    sections += [
+        "![reward vs training FLOPs](reward_vs_flops.png)",
+        "![participation share per role](participation.png)",
+    ]
+    text = "\n\n".join(sections)
+    (out / "report.md").write_text(text + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--parent", help="run id of a sweep's parent run")
+    which.add_argument("--experiment", help="MLflow experiment name")
+    parser.add_argument("--out", type=Path, default=Path("outputs/reports/latest"))
+    parser.add_argument(
+        "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else the project store"
+    )
+    parser.add_argument(
+        "--reference",
+        default=None,
+        help=f"strategy the others are paired against (default: {DEFAULT_STRATEGY!r} when "
+        "present, else the best)",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="also put the report into this markdown file (e.g. docs/results.md), replacing "
+        "its section for this experiment or sweep; figures are copied beside it",
+    )
+    args = parser.parse_args(argv)
+    client = MlflowClient(tracking.tracking_uri(args.tracking_uri))
+    text = write_report(client, args.parent, args.experiment, args.out, args.reference)
+    print(text)
+    print(f"\n[bidswarm] report written to {args.out}/report.md")
+    if args.results is not None:
+        name = args.experiment or f"sweep-{args.parent}"
+        update_results(args.results, name, text, args.out, " ".join(sys.argv))
+        print(f"[bidswarm] section {name!r} of {args.results} updated")
+
+
+def update_results(results: Path, name: str, text: str, figures: Path, command: str) -> None:
+    """Replace (or append) the section of ``name`` in ``results``: the report's markdown, its
+    figures copied to ``results``'s folder as ``<name>_<figure>.png``, the command, the date."""
+    results.parent.mkdir(parents=True, exist_ok=True)
+    for figure in figures.glob("*.png"):
+        target = results.parent / "results" / f"{name}_{figure.name}"
+        target.parent.mkdir(exist_ok=True)
+        shutil.copyfile(figure, target)
+        text = text.replace(f"]({figure.name})", f"](results/{target.name})")
+    text = text.replace("# Strategy comparison", "## Strategy comparison", 1)
+    begin, end = f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+    section = f"{begin}\n{text}\n\nMade {time.strftime('%Y-%m-%d')} by `{command}`.\n{end}"
+    current = results.read_text() if results.exists() else ""
+    if begin in current and end in current:
+        head, rest = current.split(begin, 1)
+        current = head + section + rest.split(end, 1)[1]
+    else:
+        current = current.rstrip() + ("\n\n" if current else "") + section + "\n"
+    results.write_text(current)
+
+
+if __name__ == "__main__":
+    main()
