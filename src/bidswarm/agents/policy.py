@@ -193,7 +193,7 @@ class AgentPolicy(torch.nn.Module):
                 input_ids=tokens[:, None],
                 attention_mask=attention_mask,
                 position_ids=next_positions,
-                cache=out.cache,
+                past_key_values=out.past_key_values,
                 use_cache=True,
             )
             next_positions = next_positions + 1
@@ -220,7 +220,7 @@ class AgentPolicy(torch.nn.Module):
             )
             return out, attention_mask, position_ids
         head = torch.tensor([prompt_ids[0][:prefix]], device=self.device)
-        cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).cache
+        cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
         cache.batch_repeat_interleave(len(prompt_ids))
         suffixes = [ids[prefix:] for ids in prompt_ids]
         suffix_ids, suffix_mask = left_pad(suffixes, self.pad_id, self.device)
@@ -230,7 +230,7 @@ class AgentPolicy(torch.nn.Module):
             input_ids=suffix_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
