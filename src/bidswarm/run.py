@@ -22,7 +22,6 @@ import lightning as L
 from hydra.experimental.callback import Callback
 from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,6 +42,7 @@ from bidswarm.lit.callbacks import (
     resume_checkpoint,
 )
 from bidswarm.lit.sft import run_sft
+from bidswarm.lit.strategy import build_strategy
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.plots import plot_participation, plot_reward_vs_flops
 from bidswarm.rollout.collector import Collector
@@ -457,10 +457,6 @@ class Run:
 
     def trainer_kwargs(self) -> dict[str, Any]:
         t = self.cfg.trainer
-        strategy = t.strategy
-        if strategy == "ddp":
-            # Agents that did not act this update have no gradient: let DDP skip them.
-            strategy = DDPStrategy(find_unused_parameters=True)
         # Lightning's SLURM auto-requeue saves a checkpoint from inside its signal handler, in
         # the middle of an update; bidswarm checkpoints at the next update boundary instead.
         plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None
@@ -468,7 +464,7 @@ class Run:
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
-            strategy=strategy,
+            strategy=build_strategy(t.strategy),
             precision=t.precision,
             deterministic=t.deterministic,
             logger=self.logger,

@@ -1,0 +1,105 @@
+"""Lightning strategies: DeepSpeed without a batch sampler on CPU; every trainer config on a GPU.
+
+The ``gpu`` tests run ``debug=smoke`` with each trainer on one CUDA device (``pytest -m gpu``;
+``scripts/gpu_check.sh`` runs them with the other GPU checks) and skip without CUDA.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader
+
+from bidswarm.lit.strategy import build_strategy
+from conftest import ROOT
+from test_train import read_state, run_cli
+
+
+class OneUpdatePerEpoch(L.LightningModule):
+    """The learners' dataloader shape: one item per step, ``batch_size=None`` (no sampler)."""
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader([0], batch_size=None)
+
+
+def deepspeed_config_for(strategy) -> dict:
+    """The micro-batch part of the DeepSpeed config, as Lightning formats it at setup."""
+    module = OneUpdatePerEpoch()
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    module.trainer = trainer
+    trainer.fit_loop._data_source.instance = module
+    strategy._lightning_module = module
+    strategy._format_batch_size_and_grad_accum_config()
+    return strategy.config
+
+
+@pytest.mark.parametrize("name, stage", [("deepspeed_stage_2", 2), ("deepspeed_stage_3", 3)])
+def test_deepspeed_strategy_starts_without_a_batch_sampler(name, stage):
+    pytest.importorskip("deepspeed")
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    # Lightning's default reads the batch size from the dataloader's batch sampler: None here.
+    with pytest.raises(AttributeError, match="batch_size"):
+        deepspeed_config_for(DeepSpeedStrategy(stage=stage))
+    config = deepspeed_config_for(build_strategy(name))
+    assert config["train_micro_batch_size_per_gpu"] == 1
+    assert config["zero_optimization"]["stage"] == stage
+
+
+def test_ddp_lets_agents_without_data_skip_the_gradient():
+    strategy = build_strategy("ddp")
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy._ddp_kwargs["find_unused_parameters"] is True
+    assert build_strategy("auto") == "auto"
+
+
+# -- one CUDA device ---------------------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+SMOKE = ("debug=smoke", "logger=csv", "trainer.devices=1")
+
+
+def finished(run_dir: Path) -> dict:
+    state = read_state(run_dir)
+    assert "eval_after" in state and (run_dir / "final").is_dir()
+    return state
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("trainer", ["gpu", "deepspeed_stage_2", "deepspeed_stage_3"])
+def test_smoke_on_one_gpu(tmp_path, trainer):
+    if trainer.startswith("deepspeed"):
+        pytest.importorskip("deepspeed")
+    finished(run_cli(tmp_path, *SMOKE, f"trainer={trainer}"))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("trainer=ddp", "trainer.accelerator=gpu"),
+        ("trainer=multinode", "trainer.num_nodes=1"),  # the README's srun line, on one node
+    ],
+    ids=["ddp", "multinode"],
+)
+def test_torchrun_launch_on_one_gpu(tmp_path, overrides):
+    """The README's launch command (``torchrun ... -m bidswarm.train``) with one process."""
+    if "trainer=multinode" in overrides:
+        pytest.importorskip("deepspeed")  # its strategy is ZeRO-2
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    command = [torchrun or "torchrun", "--nproc_per_node=1", "-m", "bidswarm.train"]
+    command += [f"hydra.run.dir={run_dir}", *SMOKE, *overrides]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert finished(run_dir)["rl_world_size"] == 1
