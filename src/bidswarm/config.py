@@ -86,14 +86,54 @@ class BidResampling(str, Enum):
 
 @dataclass
 class TinyArchConfig:
-    """Shape of the ``tiny`` model built from a config (a small Llama)."""
+    """Shape of the Llama built from a config (``source: tiny``, random init): the tiny model,
+    or the architecture of a public model (``conf/model/llama_1b.yaml``) without its weights."""
 
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None: ``num_heads``."""
+    head_dim: int | None = None
+    """None: ``hidden_size // num_heads``."""
     intermediate_size: int = 128
     vocab_size: int = 512
+    """Tokens of the tokenizer trained on the task's text."""
+    embedding_rows: int | None = None
+    """Rows of the embedding and output layer (None: the tokenizer's size); a real model's
+    vocabulary size gives its parameter count, memory and FLOPs (rows past the tokenizer's are
+    never sampled: they start random and the tokenizer never emits them)."""
     max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+
+
+class Adapter(str, Enum):
+    """What each agent trains: ``full`` (its own copy of every weight) or ``lora`` (one frozen
+    base model shared by all agents, a LoRA adapter per agent)."""
+
+    full = "full"
+    lora = "lora"
+    __str__ = str.__str__
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapters (``model.adapter=lora``, the ``lora`` extra: peft)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
 
 
 @dataclass
@@ -119,6 +159,10 @@ class ModelConfig:
     in this model's tokenizer plus a margin (so every expert action can be said)."""
     max_prompt_tokens: int = 768
     gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass (activation checkpointing):
+    less memory per trained token, ~30% more compute per update."""
+    adapter: Adapter = Adapter.full
+    lora: LoraSettings = field(default_factory=LoraSettings)
     torch_threads: int | None = None
     """Intra-op CPU threads (None: torch's default). Tiny models run fastest on one thread:
     their matrices are too small to split, and spinning threads stall on a shared machine."""

@@ -41,19 +41,28 @@ def torch_dtype(name: DType | str) -> torch.dtype:
 
 
 def build_tiny_model(arch: TinyArchConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaForCausalLM:
-    """A randomly initialised small Llama sized by ``arch`` for ``tokenizer``'s vocabulary."""
+    """A randomly initialised Llama shaped by ``arch`` for ``tokenizer``'s vocabulary (or
+    ``arch.embedding_rows`` rows, a real model's vocabulary size). Built under
+    ``with torch.device("meta"):`` it allocates nothing (parameter counts of large shapes)."""
+    rows = arch.embedding_rows or len(tokenizer)
+    if rows < len(tokenizer):
+        raise ValueError(
+            f"model.tiny.embedding_rows={rows} is smaller than the tokenizer ({len(tokenizer)})"
+        )
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=rows,
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
         num_hidden_layers=arch.num_layers,
         num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_heads,
+        num_key_value_heads=arch.num_kv_heads or arch.num_heads,
+        head_dim=arch.head_dim or arch.hidden_size // arch.num_heads,
         max_position_embeddings=arch.max_position_embeddings,
+        rope_theta=arch.rope_theta,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=arch.tie_word_embeddings,
     )
     return LlamaForCausalLM(config)
 
