@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from bidswarm.agents.population import Population
+from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.credit import CREDIT_RULES, bucket_brigade_credit
 from bidswarm.config import ModelConfig, RLConfig, TinyArchConfig
@@ -275,7 +275,8 @@ def test_one_training_step_changes_the_agents_with_data_only(module):
         for old, agent in zip(before, module.population, strict=True)
     ]
     assert changed == [False, True, False]
-    assert learner.history[0]["loss_action"] == learner.history[0]["loss_action/agent1"]
+    acted = agent_folder_name(1, module.population[1].role)  # the only agent with data
+    assert learner.history[0]["loss_action"] == learner.history[0][f"loss_action/{acted}"]
     with torch.no_grad():
         for old, agent in zip(before, module.population, strict=True):
             for value, p in zip(old, agent.parameters(), strict=True):

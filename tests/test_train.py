@@ -59,7 +59,7 @@ def test_smoke_logs_metrics_params_and_artifacts_to_mlflow(smoke_run):
         "contested_fraction",
         "participation/logger",
         "eval_after/reward/mean",
-        "time/rollout",
+        "time/rollout_s",
         "parse_failures/bid",
     ):
         assert key in metrics, f"{key} missing from MLflow metrics {sorted(metrics)}"

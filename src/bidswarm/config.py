@@ -313,6 +313,9 @@ class TrainConfig:
     """A run folder to continue (its ``state.json`` and ``checkpoints/``); it must hold a run
     whose method (task, model, coordination, credit, seed, sft, rl) is this config's."""
     output_dir: str = "${hydra:runtime.output_dir}"
+    verbose: bool = False
+    """Show the libraries' console output (Lightning, MLflow, warnings); by default it goes to
+    the run's ``train.log`` only (``bidswarm.console``)."""
 
 
 def register_configs() -> None:

@@ -11,25 +11,44 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
+
+from bidswarm import metric_names as names
 
 
-def plot_reward_vs_flops(history: list[dict[str, float]], path: Path) -> Path:
-    """Training reward (mean +- SE of each update's episodes) against cumulative FLOPs."""
+def plot_reward_vs_flops(
+    history: list[dict[str, float]],
+    path: Path,
+    run_name: str = "",
+    sft_flops: float = 0.0,
+    evaluations: dict[str, tuple[float, float, float]] | None = None,
+) -> Path:
+    """Training reward (mean +- SE of each update's episodes) against cumulative training
+    FLOPs, SFT's included (RL starts at ``sft_flops``); ``evaluations``: label -> (FLOPs,
+    held-out mean, SE), drawn as points with error bars (before RL, after RL)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     if history:
-        flops = [h["flops/total"] for h in history]
-        mean = [h["reward/mean"] for h in history]
-        se = [h["reward/se"] for h in history]
-        ax.plot(flops, mean, marker="o", ms=3)
+        flops = [sft_flops + h["flops/total"] for h in history]
+        mean = [h[names.REWARD] for h in history]
+        se = [h[names.REWARD_SE] for h in history]
+        ax.plot(flops, mean, marker="o", ms=3, label="training episodes (RL)")
         ax.fill_between(
             flops,
             [m - s for m, s in zip(mean, se, strict=True)],
             [m + s for m, s in zip(mean, se, strict=True)],
             alpha=0.25,
         )
-    ax.set_xlabel("training FLOPs (rollout + updates)")
+    for n, (label, (x, mean_, se_)) in enumerate((evaluations or {}).items()):
+        ax.errorbar(
+            [x], [mean_], yerr=[se_], fmt="s", ms=6, capsize=4, color=f"C{n + 1}", label=label
+        )
+    if sft_flops:
+        ax.axvline(sft_flops, color="grey", ls=":", lw=1, label="end of SFT")
+    if history or evaluations:
+        ax.legend(fontsize=8)
+    ax.set_xlabel("training FLOPs (SFT + RL rollouts and updates)")
     ax.set_ylabel("episode reward")
-    ax.set_title("Reward vs training FLOPs")
+    ax.set_title(f"Reward vs training FLOPs{f': {run_name}' if run_name else ''}", fontsize=10)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -37,22 +56,23 @@ def plot_reward_vs_flops(history: list[dict[str, float]], path: Path) -> Path:
     return path
 
 
-def plot_participation(history: list[dict[str, float]], path: Path) -> Path:
-    """Share of acting steps taken by each role over the updates."""
+def plot_participation(history: list[dict[str, float]], path: Path, run_name: str = "") -> Path:
+    """Share of acting steps taken by each role over the updates (whole-number ticks)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     roles = sorted(
         {k.split("/", 1)[1] for h in history for k in h if k.startswith("participation/")}
     )
     for role in roles:
         ax.plot(
-            [h["update"] for h in history],
+            [h[names.UPDATE] for h in history],
             [h.get(f"participation/{role}", 0.0) for h in history],
             label=role,
         )
     ax.set_xlabel("update")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share of acting steps")
     ax.set_ylim(0, 1)
-    ax.set_title("Participation share per role")
+    ax.set_title(f"Participation share per role{f': {run_name}' if run_name else ''}", fontsize=10)
     if roles:
         ax.legend()
     ax.grid(alpha=0.3)

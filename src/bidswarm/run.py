@@ -25,14 +25,15 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from bidswarm import tracking
-from bidswarm.agents.population import Population
+from bidswarm import console, tracking, transcripts
+from bidswarm import metric_names as names
+from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.credit import make_credit_rule
 from bidswarm.config import check_machine, validate
 from bidswarm.coordination import RULES, make_coordination
 from bidswarm.envs import make_env
-from bidswarm.envs.base import MONOLITHIC, TextEnv
+from bidswarm.envs.base import MONOLITHIC, TextEnv, role_name
 from bidswarm.envs.experts import Demonstration, play_expert_episode
 from bidswarm.lit.callbacks import (
     CheckpointError,
@@ -154,15 +155,58 @@ def build_rollout_loop(
     return RolloutLoop(lambda: make_env(task_config), swarm, coordination)
 
 
+class RunLogger(MLFlowLogger):
+    """Lightning's MLflow logger without Lightning's bookkeeping metric ``epoch`` (an update
+    is a step: ``epoch`` would repeat it), sampling MLflow's system metrics (``system/*``:
+    CPU, memory, GPU) while :meth:`start_system_metrics` ... :meth:`stop_system_metrics`."""
+
+    BOOKKEEPING = ("epoch",)
+    SYSTEM_METRICS_INTERVAL_S = 5
+
+    _system_monitor: Any = None
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        kept = {key: value for key, value in metrics.items() if key not in self.BOOKKEEPING}
+        if kept:
+            super().log_metrics(kept, step)
+
+    @rank_zero_only
+    def start_system_metrics(self) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        if self._system_monitor is None:
+            self._system_monitor = SystemMetricsMonitor(
+                self.run_id,
+                sampling_interval=self.SYSTEM_METRICS_INTERVAL_S,
+                resume_logging=True,
+                tracking_uri=self._tracking_uri,
+            )
+            self._system_monitor.start()
+
+    @rank_zero_only
+    def stop_system_metrics(self) -> None:
+        if self._system_monitor is not None:
+            self._system_monitor.finish()
+            self._system_monitor = None
+
+
 def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
     if cfg.logger.name == "csv":
         return CSVLogger(save_dir=str(run_dir), name="csv")
+    from mlflow.tracking import MlflowClient
+
     uri = tracking.tracking_uri(cfg.logger.tracking_uri)
-    tags = {"bidswarm.run_dir": str(run_dir.resolve())}
+    tags = {
+        "bidswarm.run_dir": str(run_dir.resolve()),
+        tracking.OVERRIDES_TAG: tracking.hydra_overrides(),
+    }
     parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name) if run_id is None else None
     if parent is not None:
         tags["mlflow.parentRunId"] = parent
-    return MLFlowLogger(
+    # Made here, not by the logger: artifacts under outputs/, the UI's model-training view.
+    tracking.experiment_id(MlflowClient(uri), cfg.logger.experiment_name)
+    return RunLogger(
         experiment_name=cfg.logger.experiment_name,
         run_name=tracking.run_name(),
         tracking_uri=uri,
@@ -287,6 +331,11 @@ class Preflight(Callback):
             sys.exit(f"Error: {error}")
 
 
+AGENTS_ARTIFACT_LIMIT_MB = 500
+"""Trained agents up to this size are copied into the MLflow artifact store (a tiny population
+is ~2 MB, SmolLM2-135M x 3 ~1.6 GB): larger ones stay in the run folder only."""
+
+
 @dataclass
 class Run:
     cfg: DictConfig
@@ -331,13 +380,30 @@ class Run:
     def record_start(self) -> None:
         if isinstance(self.logger, MLFlowLogger):
             self.state["mlflow_run_id"] = self.logger.run_id
+        if isinstance(self.logger, RunLogger):
+            self.logger.start_system_metrics()
         if "started" not in self.state:
             self.state["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
-            self.logger.log_hyperparams(OmegaConf.to_container(self.cfg, resolve=True))
+            self.logger.log_hyperparams(
+                tracking.run_params(self.cfg, tracking.hydra_choices()) | self.population_params()
+            )
             config_file = self.run_dir / "resolved_config.yaml"
             config_file.write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
             self.log_artifact(config_file)
+            hydra_folder = self.run_dir / ".hydra"  # config, hydra.yaml and overrides.yaml
+            if hydra_folder.is_dir():
+                self.log_artifact(hydra_folder)
         self.save_state()
+
+    def population_params(self) -> dict[str, Any]:
+        """``agents/roles`` and ``agents/<agent>/params`` (parameter count of each agent)."""
+        params: dict[str, Any] = {
+            "agents/roles": ",".join(role_name(r) for r in self.population.roles)
+        }
+        for index, agent in enumerate(self.population.agents):
+            name = agent_folder_name(index, agent.role)
+            params[f"agents/{name}/params"] = sum(p.numel() for p in agent.parameters())
+        return params
 
     # -- phases --------------------------------------------------------------------------------
     def cold_start(self) -> None:
@@ -367,10 +433,13 @@ class Run:
         seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
         evaluation = evaluate(self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed)
         metrics = evaluation.metrics | {
-            "eval_tokens": float(evaluation.usage.rollout_tokens),
-            "eval_flops": evaluation.usage.rollout_flops,
+            "tokens": float(evaluation.usage.rollout_tokens),
+            "flops": evaluation.usage.rollout_flops,
         }
-        self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()})
+        # At the update where it was measured, on the training curves' axis: before RL at 0,
+        # after RL at the number of updates made.
+        step = 0 if key == names.EVAL_BEFORE else len(self.history)
+        self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()}, step=step)
         self.state[key] = metrics
         worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
         self.state[f"{key}_worlds"] = worlds
@@ -379,13 +448,13 @@ class Run:
         heldout.mkdir(exist_ok=True)
         (heldout / f"{key}_worlds.json").write_text(json.dumps(worlds, indent=1) + "\n")
         self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>_worlds.json
+        self.log_transcripts(key, evaluation.episodes)
         if self.cfg.credit.name == "memory_tree":  # docs/memory.md: one example tree per evaluation
             self.log_artifact(self.draw_memory_tree(evaluation.episodes, key))
-        print(
+        console.say(
             f"[bidswarm] {key}: held-out reward {metrics['reward/mean']:.2f} "
             f"+- {metrics['reward/se']:.2f} (95% CI {metrics['reward/ci_low']:.2f} .. "
             f"{metrics['reward/ci_high']:.2f}) over {len(seeds)} worlds",
-            flush=True,
         )
         return metrics
 
@@ -435,16 +504,88 @@ class Run:
         if rank_zero_only.rank != 0:
             return
         self.population.save_pretrained(self.run_dir / "final")
+        name = tracking.run_name()
+        sft_flops = self.sft_flops()
+        rl_flops = self.history[-1]["flops/total"] if self.history else 0.0
+        evaluations = {
+            f"held-out {label}": (
+                sft_flops + at,
+                self.state[key]["reward/mean"],
+                self.state[key]["reward/se"],
+            )
+            for key, label, at in (
+                (names.EVAL_BEFORE, "before RL", 0.0),
+                (names.EVAL_AFTER, "after RL", rl_flops),
+            )
+            if key in self.state
+        }
         plots = [
-            plot_reward_vs_flops(self.history, self.run_dir / "reward_vs_flops.png"),
-            plot_participation(self.history, self.run_dir / "participation.png"),
+            plot_reward_vs_flops(
+                self.history, self.run_dir / "reward_vs_flops.png", name, sft_flops, evaluations
+            ),
+            plot_participation(self.history, self.run_dir / "participation.png", name),
         ]
         for path in plots:
             self.log_artifact(path)
         self.log_artifact(self.run_dir / "state.json")
+        self.log_agents(self.run_dir / "final")
         self.print_summary()
 
     # -- helpers -------------------------------------------------------------------------------
+    def sft_flops(self) -> float:
+        """SFT's training FLOPs: 6 x parameters x trained tokens per agent (PAPER.md section 5,
+        as the RL ledger counts them)."""
+        result = self.state.get("sft", {})
+        total = 0.0
+        for index, agent in enumerate(self.population.agents):
+            tokens = result.get(f"sft/trained_tokens/{agent_folder_name(index, agent.role)}", 0.0)
+            total += 6.0 * sum(p.numel() for p in agent.parameters()) * tokens
+        return total
+
+    def log_agents(self, folder: Path) -> None:
+        """The trained agents (``final/``) as the artifact ``final/``, unless larger than
+        :data:`AGENTS_ARTIFACT_LIMIT_MB` (then the tag ``bidswarm.final`` says where they are)."""
+        size_mb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+        if size_mb <= AGENTS_ARTIFACT_LIMIT_MB:
+            self.log_artifact(folder)
+        elif isinstance(self.logger, MLFlowLogger):
+            limit = AGENTS_ARTIFACT_LIMIT_MB
+            note = f"{folder.resolve()} ({size_mb:.0f} MB, over the {limit} MB limit)"
+            self.logger.experiment.set_tag(self.logger.run_id, "bidswarm.final", note)
+
+    def log_transcripts(self, key: str, episodes: list[Episode]) -> None:
+        """A few of the evaluation's episodes, step by step: ``transcripts/<key>.html`` and one
+        MLflow trace per episode (tagged ``bidswarm.evaluation=<key>``)."""
+        sampled = transcripts.sample_episodes(
+            episodes, transcripts.EPISODES_PER_EVALUATION, self.cfg.seed
+        )
+        rule = make_credit_rule(**OmegaConf.to_container(self.cfg.credit))
+        levels = self.loop.swarm.bid_levels
+        written = [
+            transcripts.transcript(
+                episode,
+                f"{key} episode {n}",
+                self.loop.swarm.roles,
+                transcripts.credits_of(episode, rule, levels, self.cfg.seed),
+            )
+            for n, episode in enumerate(sampled)
+        ]
+        folder = self.run_dir / "transcripts"
+        folder.mkdir(exist_ok=True)
+        page = folder / f"{key}.html"
+        page.write_text(transcripts.render_html(f"{key}: sampled held-out episodes", written))
+        self.log_artifact(folder)
+        if isinstance(self.logger, MLFlowLogger):
+            import mlflow
+
+            mlflow.set_tracking_uri(tracking.tracking_uri(self.cfg.logger.tracking_uri))
+            transcripts.log_traces(
+                self.logger.experiment_id,
+                self.logger.run_id,
+                written,
+                {"bidswarm.evaluation": key},
+            )
+
     def draw_memory_tree(self, episodes: list[Episode], key: str) -> Path:
         """``memory_tree_<key>.png``: the contribution tree of one evaluation step."""
         return draw_example_tree(
@@ -487,6 +628,10 @@ class Run:
 
     def close(self, status: str) -> None:
         """End the tracking run as ``FINISHED``, ``FAILED`` or ``KILLED`` (a stop signal)."""
+        if isinstance(self.logger, RunLogger):
+            self.logger.stop_system_metrics()
+        if (self.run_dir / "train.log").is_file():  # Hydra's job log: ours and the libraries'
+            self.log_artifact(self.run_dir / "train.log")
         if isinstance(self.logger, MLFlowLogger):
             self.logger.finalize(status)  # MLflow's own status names
         else:
@@ -519,8 +664,9 @@ class Run:
             )
         if isinstance(self.logger, MLFlowLogger):
             uri = tracking.tracking_uri(self.cfg.logger.tracking_uri)
+            url = tracking.run_url(uri, self.logger.experiment_id, self.logger.run_id)
+            serve = tracking.ui_command(uri)
             lines.append(
-                f"[bidswarm] MLflow: mlflow ui --backend-store-uri {uri}  "
-                f"(run {self.logger.run_id})"
+                f"[bidswarm] MLflow run: {url}" + (f"  (after `{serve}`)" if serve else "")
             )
-        print("\n".join(lines), flush=True)
+        console.say("\n".join(lines))

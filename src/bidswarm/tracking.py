@@ -1,18 +1,32 @@
-"""MLflow: the store, run names from the Hydra overrides, one parent run per sweep."""
+"""MLflow: the store, run names from the Hydra overrides, clean params, one parent run per
+sweep that stays open while its jobs run and ends with their summary (docs/mlflow.md)."""
 
 from __future__ import annotations
 
+import atexit
 import fcntl
+import logging
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
 
 DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
 SWEEP_TAG = "bidswarm.sweep_dir"
+OVERRIDES_TAG = "bidswarm.overrides"
+PARENT_ENV = "BIDSWARM_SWEEP_PARENT"
+"""The sweep parent's run id, set by :class:`SweepParent` for the jobs the launcher starts."""
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""Opens the experiment in the UI's model-training view (runs, charts), not the GenAI one."""
+ARTIFACT_FOLDER = "mlartifacts"
+"""Beside a sqlite store's file: where its runs' artifacts go (not ``./mlruns``)."""
 HEALTH_TIMEOUT_S = 5.0
 """How long the check before training waits for a tracking server to answer."""
 
@@ -61,10 +75,85 @@ def check_store(uri: str) -> None:
         )
 
 
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment of the store ``uri`` keeps artifacts: ``mlartifacts/`` beside a
+    sqlite file (``outputs/mlartifacts`` for the default store); None: the server decides."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return str(Path(uri.removeprefix("sqlite:///")).resolve().parent / ARTIFACT_FOLDER)
+
+
 def experiment_id(client, name: str) -> str:
-    """The id of the MLflow experiment ``name`` (an ``MlflowClient``'s store), created if new."""
+    """The id of the MLflow experiment ``name`` (an ``MlflowClient``'s store), created if new
+    with its artifacts under :func:`artifact_location` and the model-training view."""
     experiment = client.get_experiment_by_name(name)
-    return experiment.experiment_id if experiment else client.create_experiment(name)
+    if experiment is None:
+        location = artifact_location(client.tracking_uri)
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+    if "mlflow.experimentKind" not in experiment.tags:
+        for key, value in EXPERIMENT_KIND.items():
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+    return experiment.experiment_id
+
+
+def run_url(uri: str, experiment: str, run_id: str) -> str:
+    """The run's page in the MLflow UI: the server's own address, else ``mlflow ui``'s."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    return f"{base}/#/experiments/{experiment}/runs/{run_id}"
+
+
+def ui_command(uri: str) -> str:
+    """The command that serves the store ``uri`` (nothing to serve for a tracking server)."""
+    if uri.startswith(("http://", "https://")):
+        return ""
+    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
+# -- params ------------------------------------------------------------------------------------
+UNLOGGED_KEYS = ("output_dir", "resume", "init_from", "logger", "verbose")
+"""Where a run goes and how it is tracked, not what it is: kept out of the params (the run
+folder is the tag ``bidswarm.run_dir``; the resolved config artifact holds everything)."""
+SUPERSEDED_KEYS = ("model.sft_epochs", "model.sft_lr", "model.rl_lr", "model.micro_batch_tokens")
+"""The model's defaults for ``sft.*`` / ``rl.*`` (``conf/train.yaml`` interpolates them): the
+params show the value used, under ``sft/`` and ``rl/`` only."""
+CHOICE_GROUPS = ("ablation", "experiment", "debug")
+"""The ``# @package _global_`` groups whose choice names the run's setting."""
+
+
+def run_params(cfg: DictConfig, choices: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The resolved config as MLflow params, one key per setting: without paths
+    (:data:`UNLOGGED_KEYS`), ``None`` values and superseded defaults (:data:`SUPERSEDED_KEYS`),
+    plus the choices of :data:`CHOICE_GROUPS` (``none`` when unset)."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    for key in UNLOGGED_KEYS:
+        tree.pop(key, None)
+    for dotted in SUPERSEDED_KEYS:
+        section, key = dotted.split(".", 1)
+        tree.get(section, {}).pop(key, None)
+    params = {key: value for key, value in _flatten(tree).items() if value is not None}
+    for group in CHOICE_GROUPS:
+        params[group] = (choices or {}).get(group) or "none"
+    return params
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat |= _flatten(value, f"{prefix}{key}/")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def hydra_choices() -> dict[str, Any]:
+    """The config groups' choices of this job (``{"ablation": "random_credit", ...}``)."""
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+
+
+def hydra_overrides() -> str:
+    """This job's command-line overrides, space-separated (empty outside Hydra)."""
+    return " ".join(HydraConfig.get().overrides.task) if HydraConfig.initialized() else ""
 
 
 def run_name() -> str:
@@ -75,9 +164,13 @@ def run_name() -> str:
 
 
 def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
-    """In a ``--multirun`` sweep, the id of the sweep's parent run (created by the first job)."""
+    """In a ``--multirun`` sweep, the id of the sweep's parent run: the one
+    :class:`SweepParent` made before the jobs started, else (a launcher without the callback)
+    one made by the first job."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
+    if os.environ.get(PARENT_ENV):
+        return os.environ[PARENT_ENV]
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -98,6 +191,116 @@ def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
         overrides = HydraConfig.get().overrides.task
         name = "sweep " + " ".join(o for o in overrides) if overrides else "sweep"
         run = client.create_run(experiment, run_name=name, tags={SWEEP_TAG: sweep_dir})
-        client.set_terminated(run.info.run_id)
     del mlflow
     return run.info.run_id
+
+
+# -- the sweep's parent run --------------------------------------------------------------------
+class SweepParent(Callback):
+    """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): in the launcher's process,
+    before any job, the sweep's parent run named from the sweep's overrides (all values,
+    ``sweep ablation=none,random_credit seed=0,1``); its id reaches the jobs through
+    :data:`PARENT_ENV`. After the last job: the sweep's summary (:func:`summarise_sweep`), and
+    the parent ends ``FINISHED`` (``FAILED`` if a job failed or the sweep stopped)."""
+
+    def __init__(self) -> None:
+        self.parent: str | None = None
+        self.uri = ""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.logger.name != "mlflow":
+            return
+        from mlflow.tracking import MlflowClient
+
+        if not config.verbose:  # the store's set-up lines: not on the launcher's console
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+        self.uri = tracking_uri(config.logger.tracking_uri)
+        client = MlflowClient(self.uri)
+        sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
+        overrides = " ".join(config.hydra.overrides.task)
+        run = client.create_run(
+            experiment_id(client, config.logger.experiment_name),
+            run_name=f"sweep {overrides}".strip(),
+            tags={SWEEP_TAG: sweep_dir, OVERRIDES_TAG: overrides},
+        )
+        self.parent = run.info.run_id
+        os.environ[PARENT_ENV] = self.parent
+        atexit.register(self._end, "FAILED")  # a failed job skips on_multirun_end
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.parent is None:
+            return
+        from mlflow.tracking import MlflowClient
+
+        parent, client = self.parent, MlflowClient(self.uri)
+        if not config.verbose:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+        try:
+            summary = summarise_sweep(client, self.parent, Path(config.hydra.sweep.dir) / "summary")
+        except (Exception, SystemExit) as error:  # the jobs' results stand without one
+            print(f"[bidswarm] sweep summary failed: {error}", flush=True)
+            summary = None
+        children = client.search_runs(
+            [client.get_run(self.parent).info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{self.parent}'",
+        )
+        finished = bool(children) and all(c.info.status == "FINISHED" for c in children)
+        self._end("FINISHED" if finished else "FAILED")
+        if summary is not None:
+            print(summary, flush=True)
+        experiment = client.get_run(parent).info.experiment_id
+        print(f"[bidswarm] sweep parent run: {run_url(self.uri, experiment, parent)}", flush=True)
+
+    def _end(self, status: str) -> None:
+        if self.parent is None:
+            return
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(self.uri).set_terminated(self.parent, status)
+        os.environ.pop(PARENT_ENV, None)
+        self.parent = None
+
+
+def arm_metric_name(arm: str) -> str:
+    """An arm's name as a metric name (MLflow allows letters, digits, ``_-. /``):
+    ``ablation=random_credit`` -> ``ablation-random_credit``."""
+    return re.sub(r"[^\w.\- ]", "_", arm.replace("=", "-").replace(",", " "))
+
+
+def summarise_sweep(client, parent: str, out: Path) -> str:
+    """The sweep's comparison (``bidswarm.report``: arms = children grouped by the overrides
+    that differ) on its parent run: per arm the held-out reward after RL,
+    ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}``, and ``arm/<arm>/runs``; the report
+    (``summary/report.md``, its plots) and the table
+    ``summary/arms.json``. Returns the report's markdown."""
+    from bidswarm import report
+
+    text = report.write_report(client, parent, None, out)
+    rows = report.summarize(
+        report.group_by_strategy(
+            [report.read_run(client, r) for r in report.find_runs(client, parent, None)]
+        )
+    )
+    metrics: dict[str, float] = {}
+    for row in rows:
+        name = f"arm/{arm_metric_name(row.strategy)}"
+        metrics |= {f"{name}/heldout_reward/mean": row.mean, f"{name}/heldout_reward/se": row.se}
+        if row.ci_low is not None:
+            metrics |= {
+                f"{name}/heldout_reward/ci_low": row.ci_low,
+                f"{name}/heldout_reward/ci_high": row.ci_high,
+            }
+        metrics[f"{name}/runs"] = float(row.runs)
+    for key, value in metrics.items():
+        client.log_metric(parent, key, value)
+    client.log_artifacts(parent, str(out), "summary")
+    table = {
+        "arm": [row.strategy for row in rows],
+        "held-out reward after RL (mean)": [row.mean for row in rows],
+        "SE": [row.se for row in rows],
+        "95% CI low": [row.ci_low for row in rows],
+        "95% CI high": [row.ci_high for row in rows],
+        "runs": [row.runs for row in rows],
+    }
+    client.log_table(parent, table, "summary/arms.json")
+    return text

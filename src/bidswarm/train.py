@@ -20,6 +20,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
+from bidswarm import console
 from bidswarm.config import refuse_unknown_choices, register_configs
 from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
 from bidswarm.run import Run, preflight
@@ -46,7 +47,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         if cfg.eval.enabled and cfg.eval.before_rl and "eval_before" not in run.state:
             run.evaluate_and_record("eval_before")
         if not run.fit():
-            print(f"[bidswarm] stopped early; continue with resume={run.run_dir}", flush=True)
+            console.say(f"[bidswarm] stopped early; continue with resume={run.run_dir}")
             run.close(status="FINISHED")
             return {}
         result = run.evaluate_and_record("eval_after") if cfg.eval.enabled else {}
@@ -103,6 +104,7 @@ def explain_distributed_failure(error: BaseException, run_dir: Path) -> None:
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
+    console.configure(cfg.verbose)
     preflight(cfg)  # again per job: a sweep's jobs differ from the config Preflight saw
     if cfg.model.torch_threads:
         torch.set_num_threads(cfg.model.torch_threads)

@@ -198,7 +198,7 @@ class SFTModule(L.LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         step = int(batch)
         accumulator = GradientAccumulator(self, list(self.population))
-        total = None
+        total, trained = None, 0
         for index, (agent, plan) in enumerate(zip(self.population, self.plans, strict=True)):
             examples = plan.batch(step)
             if not examples:
@@ -207,13 +207,15 @@ class SFTModule(L.LightningModule):
             self.losses[index].append(float(loss))
             self.log(f"sft/loss/{self.agent_name(index)}", loss, batch_size=len(examples))
             total = loss if total is None else total + loss
+            trained += 1
         if accumulator.synchronize():
             optimizer = self.optimizers()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.lr_schedulers().step()
         if total is not None:
-            self.log("sft/loss", total, batch_size=1, prog_bar=True)
+            # The mean over the agents trained at this step (each agent's: sft/loss/<agent>).
+            self.log("sft/loss", total / trained, batch_size=1, prog_bar=True)
 
     def agent_loss(
         self,

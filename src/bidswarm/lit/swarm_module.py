@@ -17,8 +17,9 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from bidswarm import metric_names as names
 from bidswarm.agents.policy import micro_batches
-from bidswarm.agents.population import Population
+from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.losses import Normalization, bradley_terry_loss, reinforce_loss
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
@@ -73,10 +74,11 @@ class SwarmModule(L.LightningModule):
         with timed(timings, f"update_{collected.kind}"):
             losses = self.learn(collected.batches)
         metrics = collected.metrics | losses
-        metrics |= {f"time/{phase}": seconds for phase, seconds in timings.items()}
+        metrics |= {names.seconds(phase): value for phase, value in timings.items()}
         self.history.append(metrics)
-        self.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, batch_size=1)
-        self.log("reward", metrics["reward/mean"], prog_bar=True, batch_size=1)
+        if self.logger is not None:  # the update is the step of every RL metric
+            logged = {k: v for k, v in metrics.items() if k not in names.BOOKKEEPING}
+            self.logger.log_metrics(logged, step=update)
         self._updates_this_process += 1
         if self.rl.stop_after is not None and self._updates_this_process >= self.rl.stop_after:
             self.trainer.should_stop = True
@@ -114,7 +116,9 @@ class SwarmModule(L.LightningModule):
     # -- learning ------------------------------------------------------------------------------
     def learn(self, batches: list[ActionBatch] | list[BidBatch]) -> dict[str, float]:
         """Each agent's loss, micro-batch by micro-batch with gradient accumulation, then one
-        optimizer step (skipped when no agent has data); returns the losses as metrics."""
+        optimizer step (skipped when no agent has data); returns the losses as metrics:
+        ``loss_action/<agent>`` (``agent0_logger``, as the SFT curves) and ``loss_action``, the
+        mean over the agents with data (``loss_bid`` likewise)."""
         accumulator = GradientAccumulator(self, self.population.agents)
         metrics: dict[str, float] = {}
         totals: dict[str, torch.Tensor] = {}
@@ -123,8 +127,9 @@ class SwarmModule(L.LightningModule):
                 name, loss = "loss_action", self.action_loss(batch, accumulator.backward)
             else:
                 name, loss = "loss_bid", self.bid_loss(batch, accumulator.backward)
-            metrics[f"{name}/agent{batch.agent}"] = float(loss)
-            totals[name] = totals.get(name, 0) + loss
+            agent = agent_folder_name(batch.agent, self.population[batch.agent].role)
+            metrics[f"{name}/{agent}"] = float(loss)
+            totals[name] = totals.get(name, 0) + loss / len(batches)
         if accumulator.synchronize():
             optimizer = self.optimizers()
             if self.rl.grad_clip > 0:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from bidswarm import metric_names as names
 from bidswarm.algorithms.credit import MemoryTreeRule, make_credit_rule
 from bidswarm.config import RLConfig
 from bidswarm.rollout.batches import (
@@ -125,8 +126,8 @@ class Collector:
         for batch in batches:
             swarm.count_trained(batch.agent, batch.tokens)
         metrics |= self.usage.as_metrics() | {
-            "update": float(update),
-            "update_is_bid": float(kind == UpdateKind.bid),
+            names.UPDATE: float(update),
+            names.UPDATE_IS_BID: float(kind == UpdateKind.bid),
         }
-        metrics |= {f"time/{phase}": seconds for phase, seconds in timings.items()}
+        metrics |= {names.seconds(phase): value for phase, value in timings.items()}
         return Collected(kind, batches, metrics)

@@ -230,4 +230,5 @@ class RolloutLoop:
         record.reward = result.reward
         record.valid_action = result.valid
         record.memory = result.memory
+        record.message = result.message
         return record

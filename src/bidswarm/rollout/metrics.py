@@ -22,7 +22,8 @@ def episode_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[st
         "reward/se": reward.se if reward else 0.0,
         "episodes": float(len(episodes)),
     }
-    keys = sorted({k for e in episodes for k in e.metrics})
+    # The task's own "reward" is the episode's total reward, already ``reward/mean``.
+    keys = sorted({k for e in episodes for k in e.metrics} - {"reward"})
     for key in keys:
         metrics[f"task/{key}"] = sum(e.metrics.get(key, 0.0) for e in episodes) / len(episodes)
     acting = Counter(
@@ -40,7 +41,7 @@ def episode_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[st
 
 @contextmanager
 def timed(timings: dict[str, float], phase: str) -> Iterator[None]:
-    """Add the seconds the block takes to ``timings[phase]`` (logged as ``time/<phase>``)."""
+    """Add the seconds the block takes to ``timings[phase]`` (logged as ``time/<phase>_s``)."""
     start = time.perf_counter()
     yield
     timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start

@@ -38,6 +38,7 @@ class StepRecord:
     snapshot: environment state before the action, kept only for contested steps when forks
               are wanted.
     memory:   the notes the actor read and the note it wrote (None: the memory is off).
+    message:  the environment's feedback on the step (shown in the next observation).
     """
 
     index: int
@@ -48,6 +49,7 @@ class StepRecord:
     valid_action: bool = True
     snapshot: Any = None
     memory: MemoryTrace | None = None
+    message: str = ""
 
     @property
     def actor(self) -> int | None:

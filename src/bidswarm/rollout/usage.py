@@ -47,8 +47,9 @@ class Usage:
         self.invalid_actions += not valid
 
     def as_metrics(self) -> dict[str, float]:
-        """The logged names: ``tokens/*``, ``flops/*``, ``parse_failures/bid``,
-        ``invalid_actions``."""
+        """The logged names: ``tokens/*``, ``flops/*``, ``parse_failures/bid`` (totals so far).
+        Invalid actions are counted for checkpoints only: the logged count is the task's own,
+        per episode (``task/invalid_replies``)."""
         return {
             "tokens/rollout": float(self.rollout_tokens),
             "tokens/train": float(self.train_tokens),
@@ -56,7 +57,6 @@ class Usage:
             "flops/train": self.train_flops,
             "flops/total": self.rollout_flops + self.train_flops,
             "parse_failures/bid": float(self.bid_parse_failures),
-            "invalid_actions": float(self.invalid_actions),
         }
 
     def as_dict(self) -> dict[str, float]:

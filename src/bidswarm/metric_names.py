@@ -1,0 +1,27 @@
+"""Names of the logged metrics that more than one module writes or reads (README's metric
+table defines every metric). Renaming one here renames it everywhere; ``bidswarm.report``
+still reads the older names from stores logged before (``LEGACY``)."""
+
+from __future__ import annotations
+
+REWARD = "reward/mean"
+"""Mean episode reward (environment reward summed over an episode)."""
+REWARD_SE = "reward/se"
+UPDATE = "update"
+UPDATE_IS_BID = "update_is_bid"
+BOOKKEEPING = (UPDATE, UPDATE_IS_BID)
+"""Kept in the run's history (plots, progress bar, checkpoints), never logged: the update is
+the MLflow step of every RL metric, and ``time/update_bid_s`` says which kind it was."""
+EVAL_BEFORE = "eval_before"
+"""Held-out evaluation after SFT, before RL: logged at step 0."""
+EVAL_AFTER = "eval_after"
+"""Held-out evaluation after RL: logged at the step of the number of updates made."""
+
+
+def seconds(phase: str) -> str:
+    """``time/<phase>_s``: wall-clock seconds of a named phase of one update."""
+    return f"time/{phase}_s"
+
+
+LEGACY = {seconds("rollout"): "time/rollout"}
+"""New name -> the name stores logged before the rename hold."""
