@@ -18,9 +18,12 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
+from bidswarm.lit.memory import gpu_memory
 from bidswarm.lit.strategy import build_strategy
 from conftest import ROOT
 from test_train import read_state, run_cli
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 class OneUpdatePerEpoch(L.LightningModule):
@@ -54,6 +57,25 @@ def test_deepspeed_strategy_starts_without_a_batch_sampler(name, stage):
     assert config["zero_optimization"]["stage"] == stage
 
 
+def test_gpu_memory_is_measured_on_cuda_devices_only():
+    figures: dict[str, float] = {}
+    with gpu_memory(figures, "collect", torch.device("cpu")):
+        torch.ones(1000)
+    assert figures == {}
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_memory_peaks_hold_what_the_phase_allocated():
+    device = torch.device("cuda")
+    figures: dict[str, float] = {}
+    with gpu_memory(figures, "update_action", device):
+        block = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)  # 0.25 GiB
+        del block
+    assert figures["memory/peak_gpu_gib/update_action"] >= 0.25
+    assert figures["memory/peak_reserved_gpu_gib/update_action"] >= 0.25
+
+
 def test_ddp_lets_agents_without_data_skip_the_gradient():
     strategy = build_strategy("ddp")
     assert isinstance(strategy, DDPStrategy)
@@ -62,7 +84,6 @@ def test_ddp_lets_agents_without_data_skip_the_gradient():
 
 
 # -- one CUDA device ---------------------------------------------------------------------------
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SMOKE = ("debug=smoke", "logger=csv", "trainer.devices=1")
 
 
@@ -78,7 +99,15 @@ def finished(run_dir: Path) -> dict:
 def test_smoke_on_one_gpu(tmp_path, trainer):
     if trainer.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
-    finished(run_cli(tmp_path, *SMOKE, f"trainer={trainer}"))
+    run_dir = run_cli(tmp_path, *SMOKE, f"trainer={trainer}")
+    finished(run_dir)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    for update in checkpoint["bidswarm"]["history"]:
+        kind = "update_bid" if update["update_is_bid"] else "update_action"
+        for phase in ("collect", kind):
+            peak = update[f"memory/peak_gpu_gib/{phase}"]
+            assert 0 < peak <= update[f"memory/peak_reserved_gpu_gib/{phase}"]
+            assert update[f"memory/gpu_used_gib/{phase}"] > 0
 
 
 @pytest.mark.gpu

@@ -121,6 +121,10 @@ def threads_per_job(hydra_cfg: DictConfig, cores: int | None = None) -> int | No
 def main(cfg: DictConfig) -> float:
     console.configure(cfg.verbose)
     preflight(cfg)  # again per job: a sweep's jobs differ from the config Preflight saw
+    # Decoding grows KV caches a token at a time and training asks for activations of other
+    # sizes: with fixed-size segments the allocator's cache fragments (an OOM with 140 GiB in
+    # use, 33 GiB of it in tensors). Growable segments are read at the first CUDA allocation.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     threads = cfg.model.torch_threads or threads_per_job(HydraConfig.get())
     if threads:
         torch.set_num_threads(threads)

@@ -23,6 +23,7 @@ from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.losses import Normalization, bradley_terry_loss, reinforce_loss
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
+from bidswarm.lit.memory import gpu_memory, release_cached_blocks
 from bidswarm.rollout.batches import ActionBatch, BidBatch
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.metrics import timed
@@ -69,11 +70,15 @@ class SwarmModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         update = self.current_epoch
-        collected = self.collector.collect(update, self.global_rank)
+        memory: dict[str, float] = {}
+        with gpu_memory(memory, "collect", self.device):
+            collected = self.collector.collect(update, self.global_rank)
+        release_cached_blocks(self.device)
         timings: dict[str, float] = {}
-        with timed(timings, f"update_{collected.kind}"):
+        phase = f"update_{collected.kind}"
+        with timed(timings, phase), gpu_memory(memory, phase, self.device):
             losses = self.learn(collected.batches)
-        metrics = collected.metrics | losses
+        metrics = collected.metrics | losses | memory
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
         self.history.append(metrics)
         if self.logger is not None:  # the update is the step of every RL metric
