@@ -578,7 +578,9 @@ class Run:
         if isinstance(self.logger, MLFlowLogger):
             import mlflow
 
-            mlflow.set_tracking_uri(tracking.tracking_uri(self.cfg.logger.tracking_uri))
+            uri = tracking.tracking_uri(self.cfg.logger.tracking_uri)
+            if mlflow.get_tracking_uri() != uri:
+                mlflow.set_tracking_uri(uri)
             transcripts.log_traces(
                 self.logger.experiment_id,
                 self.logger.run_id,

@@ -11,6 +11,7 @@ gives it (the credit the action update would train on).
 from __future__ import annotations
 
 import html
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -152,6 +153,20 @@ def log_traces(
 ) -> list[str]:
     """One MLflow trace per transcript (linked to ``run_id``), one span per step; returns the
     trace ids. Needs ``mlflow.set_tracking_uri`` to point at the run's store."""
+    # OpenTelemetry draws trace and span ids from Python's global generator, which the run
+    # seeded: two jobs of one seed would write the same trace ids (the second overwrites the
+    # first). Draw them from fresh entropy and leave the run's random stream untouched.
+    state = random.getstate()
+    random.seed(os.urandom(16))
+    try:
+        return _log_traces(experiment_id, run_id, transcripts, tags)
+    finally:
+        random.setstate(state)
+
+
+def _log_traces(
+    experiment_id: str, run_id: str, transcripts: list[Transcript], tags: dict[str, str]
+) -> list[str]:
     import mlflow
     from mlflow.entities.trace_location import MlflowExperimentLocation
 
@@ -179,4 +194,7 @@ def log_traces(
             root.set_outputs({"total_reward": t.total_reward, "steps": len(t.steps)})
             mlflow.update_current_trace(tags=tags)
             ids.append(root.trace_id)
+    # Traces are exported in the background: write them now, before anything (the next job of
+    # a sweep in this process setting the tracking URI again) can reset the exporter.
+    mlflow.flush_trace_async_logging()
     return ids

@@ -1,0 +1,187 @@
+"""MLflow as the lab notebook (docs/mlflow.md): a real sweep's parent run and its summary, the
+children's params, episode transcripts as traces, where artifacts go; and the pieces alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from bidswarm import tracking, transcripts
+from bidswarm.coordination.base import Decision
+from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[str, Path]:
+    """A real two-job sweep (two arms, one seed) into a fresh sqlite store: (URI, its folder)."""
+    root = tmp_path_factory.mktemp("sweep")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.train",
+        "-m",
+        "debug=smoke",
+        "ablation=none,random_credit",
+        "seed=0",
+        "task.max_decisions=8",
+        "task.n_heldout_seeds=2",
+        "sft.demo_episodes=2",
+        f"hydra.sweep.dir={root / 'sweep'}",
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return uri, root
+
+
+def runs_of(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("bidswarm")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if tracking.SWEEP_TAG in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return client, experiment, parents, children
+
+
+def test_sweep_parent_is_named_from_the_sweep_and_summarises_its_arms(sweep):
+    uri, _ = sweep
+    client, _, parents, children = runs_of(uri)
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.run_name == (
+        "sweep debug=smoke ablation=none,random_credit seed=0 task.max_decisions=8 "
+        "task.n_heldout_seeds=2 sft.demo_episodes=2"
+    )
+    assert parent.info.status == "FINISHED"
+    # It ended after its last child, not when it was made.
+    assert parent.info.end_time >= max(c.info.end_time for c in children)
+    for arm, child in (
+        ("ablation-none", "ablation=none"),
+        ("ablation-random_credit", "ablation=random_credit"),
+    ):
+        run = next(c for c in children if c.info.run_name.startswith(child))
+        after = run.data.metrics["eval_after/reward/mean"]
+        assert parent.data.metrics[f"arm/{arm}/heldout_reward/mean"] == pytest.approx(after)
+        assert parent.data.metrics[f"arm/{arm}/runs"] == 1.0
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "summary")}
+    assert {"summary/report.md", "summary/arms.json", "summary/reward_vs_flops.png"} <= artifacts
+    report = Path(client.download_artifacts(parent.info.run_id, "summary/report.md"))
+    assert "| ablation=random_credit |" in report.read_text()
+
+
+def test_children_params_have_no_paths_or_none_and_name_their_setting(sweep):
+    uri, _ = sweep
+    _, _, _, children = runs_of(uri)
+    for child in children:
+        params = child.data.params
+        assert "output_dir" not in params and "resume" not in params
+        assert "None" not in params.values()
+        assert "model/sft_epochs" not in params and params["sft/epochs"] == "4"
+        assert params["ablation"] in ("none", "random_credit") and params["experiment"] == "none"
+        assert params["agents/roles"] == "logger,miner,smith"
+        assert int(params["agents/agent0_logger/params"]) > 0
+        assert child.data.tags[tracking.OVERRIDES_TAG].startswith("debug=smoke ablation=")
+        assert "epoch" not in child.data.metrics and "update" not in child.data.metrics
+
+
+def test_each_sampled_episode_is_a_trace_with_a_span_per_step(sweep):
+    uri, _ = sweep
+    client, experiment, _, children = runs_of(uri)
+    for child in children:
+        traces = client.search_traces(
+            locations=[experiment.experiment_id],
+            filter_string=f"metadata.`mlflow.sourceRun` = '{child.info.run_id}'",
+        )
+        # Two held-out worlds x one run each, both evaluations (before and after RL).
+        assert len(traces) == 4
+        for trace in traces:
+            root = next(s for s in trace.data.spans if s.parent_id is None)
+            assert len(trace.data.spans) == 1 + root.outputs["steps"]
+        artifacts = {a.path for a in client.list_artifacts(child.info.run_id, "transcripts")}
+        assert artifacts == {"transcripts/eval_after.html", "transcripts/eval_before.html"}
+
+
+def test_artifacts_go_beside_the_store_not_into_mlruns(sweep):
+    uri, root = sweep
+    _, experiment, parents, children = runs_of(uri)
+    assert Path(experiment.artifact_location) == root / "mlartifacts"
+    for run in parents + children:
+        assert Path(run.info.artifact_uri).is_relative_to(root / "mlartifacts")
+    assert (root / "mlartifacts" / children[0].info.run_id / "artifacts" / "final").is_dir()
+    assert not (ROOT / "mlruns").exists() or not any(
+        (ROOT / "mlruns").glob(f"*/{children[0].info.run_id}")
+    )
+    log = next((root / "sweep").glob("0_*/train.log")).read_text()
+    assert "[bidswarm] eval_after: held-out reward" in log
+
+
+def test_the_default_store_keeps_artifacts_under_outputs():
+    location = tracking.artifact_location(tracking.DEFAULT_TRACKING_URI)
+    assert Path(location) == (Path("outputs") / "mlartifacts").resolve()
+    assert tracking.artifact_location("http://127.0.0.1:5000") is None
+
+
+def test_params_drop_paths_none_and_superseded_model_defaults():
+    cfg = OmegaConf.create(
+        {
+            "output_dir": "/somewhere/run",
+            "resume": None,
+            "logger": {"name": "mlflow", "tracking_uri": None},
+            "model": {"name": "tiny", "sft_epochs": 6, "path": None},
+            "sft": {"epochs": 4},
+            "seed": 3,
+        }
+    )
+    params = tracking.run_params(cfg, {"ablation": "random_credit", "experiment": None})
+    assert params == {
+        "model/name": "tiny",
+        "sft/epochs": 4,
+        "seed": 3,
+        "ablation": "random_credit",
+        "experiment": "none",
+        "debug": "none",
+    }
+
+
+def test_arm_names_become_valid_metric_names():
+    assert tracking.arm_metric_name("ablation=random_credit") == "ablation-random_credit"
+    assert tracking.arm_metric_name("mpt (defaults)") == "mpt _defaults_"
+    assert tracking.arm_metric_name("a=1,b=2") == "a-1 b-2"
+
+
+def test_a_transcript_shows_bids_actor_action_reply_reward_and_credit():
+    def reply(agent: int, text: str) -> Reply:
+        return Reply(agent, [1], [2], text)
+
+    contested = StepRecord(
+        0,
+        Decision(actor=1, winning_bid=0.6, runner_up=0, runner_up_bid=0.2),
+        bids={0: Bid(0.2, reply(0, "0.2"), True), 1: Bid(0.6, reply(1, "0.6"), True)},
+        action=reply(1, "mine stone"),
+        reward=1.0,
+        message="you mined 1 stone",
+    )
+    skipped = StepRecord(1, Decision(actor=None), bids={0: Bid(0.0, reply(0, "??"), False)})
+    episode = Episode(seed=7, steps=[contested, skipped])
+    written = transcripts.transcript(episode, "eval_after episode 0", ["logger", "miner"], {0: 0.4})
+    first, second = written.steps
+    assert first.bids == {"agent0_logger": "0.2", "agent1_miner": "0.6"}
+    assert (first.actor, first.action, first.reply) == (
+        "agent1_miner",
+        "mine stone",
+        "you mined 1 stone",
+    )
+    assert (first.reward, first.credit) == (1.0, 0.4)
+    assert second.actor == "nobody (skipped)" and second.credit is None
+    assert second.bids == {"agent0_logger": "malformed: '??'"}
+    page = transcripts.render_html("eval_after", [written])
+    assert "world 7, total reward 1" in page and "you mined 1 stone" in page
