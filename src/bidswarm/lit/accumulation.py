@@ -62,8 +62,6 @@ class GradientAccumulator:
             return False
         # A zero loss on exactly the agents with data somewhere: every process's backward then
         # all-reduces those agents' accumulated gradients (its own may be none: zeros).
-        touch = sum(
-            p.reshape(-1)[0] * 0.0 for agent in active for p in agent.trainable_parameters()
-        )
+        touch = sum(p.reshape(-1)[0] * 0.0 for agent in active for p in agent.parameters())
         self.module.manual_backward(touch)
         return True
