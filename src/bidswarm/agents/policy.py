@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase as Tokenizer
 from bidswarm.envs.base import role_name
 
 AGENT_FILE = "agent.json"
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's name: the folder loads with PeftModel too
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,9 @@ class AgentPolicy(torch.nn.Module):
     at the end of a prompt).
     min_shared_prefix: a batch whose prompts all start with at least this many equal tokens
     computes that prefix once (see :meth:`generate`).
+    adapter: with LoRA agents (``model.adapter=lora``), ``model`` is a peft model shared by
+    the whole population and ``adapter`` names this agent's LoRA adapter in it: the agent
+    trains only that adapter (:meth:`trainable_parameters`) and saves only it.
     """
 
     def __init__(
@@ -106,9 +110,11 @@ class AgentPolicy(torch.nn.Module):
         role: str | None,
         max_prompt_tokens: int = 768,
         min_shared_prefix: int = 32,
+        adapter: str | None = None,
     ):
         super().__init__()
         self.model = model
+        self.adapter = adapter
         self.tokenizer = tokenizer
         self.role = role
         self.max_prompt_tokens = max_prompt_tokens
@@ -129,6 +135,24 @@ class AgentPolicy(torch.nn.Module):
         if not stop:
             raise ValueError("the agent's tokenizer has no end-of-sequence token")
         return stop
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What this agent's optimizer group trains: every weight, or its own LoRA adapter."""
+        if self.adapter is None:
+            return list(self.model.parameters())
+        marker = f".{self.adapter}."
+        return [p for name, p in self.model.named_parameters() if marker in name]
+
+    def _use_own_adapter(self) -> None:
+        """Route the shared peft model's forwards through this agent's adapter. peft's
+        ``set_adapter`` also freezes every other adapter; they stay trainable here (each is
+        another agent's parameter group; an inactive adapter simply gets no gradient)."""
+        if self.adapter is None:
+            return
+        self.model.set_adapter(self.adapter)
+        for name, parameter in self.model.named_parameters():
+            if "lora_" in name:
+                parameter.requires_grad_(True)
 
     @property
     def device(self) -> torch.device:
@@ -171,6 +195,7 @@ class AgentPolicy(torch.nn.Module):
         if not prompts:
             return []
         prompt_ids = self.encode_prompts(prompts)
+        self._use_own_adapter()
         device = self.device
         stop = torch.tensor(self.stop_ids, device=device)
         was_training = self.model.training
@@ -267,6 +292,7 @@ class AgentPolicy(torch.nn.Module):
             return empty, empty
         sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
         input_ids, attention_mask = left_pad(sequences, self.pad_id, self.device)
+        self._use_own_adapter()
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -313,25 +339,56 @@ class AgentPolicy(torch.nn.Module):
         return self.reply_token_logprobs(prompt_ids, reply_ids)[0]
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """A standard HF folder (model + tokenizer) plus ``agent.json`` holding the role."""
+        """A standard HF folder (model + tokenizer) plus ``agent.json`` holding the role; a
+        LoRA agent writes its adapter only (a peft adapter folder; the base model is the
+        population's, :meth:`Population.save_pretrained`)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        if self.adapter is None:
+            self.model.save_pretrained(directory)
+        else:
+            from peft import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            state = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+            save_file({k: v.contiguous() for k, v in state.items()}, directory / ADAPTER_FILE)
+            self.model.peft_config[self.adapter].save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
         meta = {"role": self.role, "max_prompt_tokens": self.max_prompt_tokens}
+        if self.adapter is not None:
+            meta["adapter"] = self.adapter
         (directory / AGENT_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, dtype: torch.dtype = torch.float32
+        cls,
+        directory: str | Path,
+        dtype: torch.dtype = torch.float32,
+        lora_base: torch.nn.Module | None = None,
     ) -> AgentPolicy:
-        """The agent saved in ``directory`` by :meth:`save_pretrained`."""
+        """The agent saved in ``directory`` by :meth:`save_pretrained`. A LoRA agent's adapter
+        is loaded into ``lora_base``: the population's base model, or the peft model that
+        holds the adapters loaded before (:meth:`Population.from_pretrained`)."""
         directory = Path(directory)
         meta_path = directory / AGENT_FILE
         if not meta_path.is_file():
             raise FileNotFoundError(f"{directory} is not a saved agent (no {AGENT_FILE})")
         meta = json.loads(meta_path.read_text())
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        adapter = meta.get("adapter")
+        if adapter is None:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        elif lora_base is None:
+            raise ValueError(f"{directory} holds a LoRA adapter: load its population instead")
+        else:
+            from peft import PeftModel
+
+            if isinstance(lora_base, PeftModel):
+                lora_base.load_adapter(directory, adapter_name=adapter, is_trainable=True)
+                model = lora_base
+            else:
+                model = PeftModel.from_pretrained(
+                    lora_base, directory, adapter_name=adapter, is_trainable=True
+                )
         tokenizer = AutoTokenizer.from_pretrained(directory)
         tokenizer.padding_side = "left"
-        return cls(model, tokenizer, meta["role"], meta["max_prompt_tokens"])
+        return cls(model, tokenizer, meta["role"], meta["max_prompt_tokens"], adapter=adapter)
