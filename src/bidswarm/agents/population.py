@@ -8,13 +8,15 @@ import re
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from bidswarm.agents.models import build_tiny_model, load_model_and_tokenizer, torch_dtype
 from bidswarm.agents.policy import AgentPolicy
-from bidswarm.config import ModelConfig, ModelSource
+from bidswarm.config import Adapter, LoraSettings, ModelConfig, ModelSource
 from bidswarm.envs.base import role_name
 
 POPULATION_FILE = "population.json"
+LORA_BASE_FOLDER = "base"
 
 
 def agent_folder_name(index: int, role: str | None) -> str:
@@ -70,6 +72,17 @@ class Population(torch.nn.Module):
         if len(set(roles)) != len(roles):
             raise ValueError(f"roles must be distinct, got {roles}; use replicas to copy a role")
         model, tokenizer = load_model_and_tokenizer(model_cfg, corpus)
+        if model_cfg.adapter == Adapter.lora:
+            agent_roles = [role for role in roles for _ in range(replicas)]
+            names = [f"agent{i}" for i in range(len(agent_roles))]
+            shared = with_lora_adapters(model, model_cfg.lora, names)
+            budget = model_cfg.max_prompt_tokens
+            return cls(
+                [
+                    AgentPolicy(shared, tokenizer, role, budget, adapter=name)
+                    for name, role in zip(names, agent_roles, strict=True)
+                ]
+            )
         agents = []
         for role_index, role in enumerate(roles):
             if role_index == 0:
@@ -87,9 +100,13 @@ class Population(torch.nn.Module):
         return cls(agents)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``."""
+        """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``; LoRA
+        agents write their adapters only, and the shared base model is written once
+        (``base/``)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        if self.agents[0].adapter is not None:
+            save_lora_base(self.agents[0].model, directory / LORA_BASE_FOLDER)
         folders = []
         for index, agent in enumerate(self.agents):
             folder = agent_folder_name(index, agent.role)
@@ -110,5 +127,46 @@ class Population(torch.nn.Module):
             folders = sorted(found, key=lambda name: int(name[5:].split("_")[0]))
         if not folders:
             raise FileNotFoundError(f"{directory} holds no saved agents")
-        agents = [AgentPolicy.from_pretrained(directory / folder, dtype) for folder in folders]
+        base = None
+        if (directory / LORA_BASE_FOLDER).is_dir():
+            base = AutoModelForCausalLM.from_pretrained(directory / LORA_BASE_FOLDER, dtype=dtype)
+        agents = []
+        for folder in folders:
+            agent = AgentPolicy.from_pretrained(directory / folder, dtype, lora_base=base)
+            base = agent.model if agent.adapter is not None else base
+            agents.append(agent)
         return cls(agents)
+
+
+def with_lora_adapters(model: PreTrainedModel, lora: LoraSettings, names: list[str]):
+    """``model`` frozen, wrapped in a peft model holding one LoRA adapter per name (the
+    agents'). Each adapter starts as the identity (B = 0), so every agent starts as the base."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        target_modules=list(lora.target_modules),
+        lora_dropout=0.0,  # log-probs recomputed for training must be those sampled
+    )
+    model.requires_grad_(False)
+    shared = get_peft_model(model, config, adapter_name=names[0])
+    for name in names[1:]:
+        shared.add_adapter(name, config)
+    for name, parameter in shared.named_parameters():
+        parameter.requires_grad_("lora_" in name)
+    return shared
+
+
+def save_lora_base(shared: torch.nn.Module, folder: Path) -> None:
+    """The frozen base model of a peft model, as a plain HF folder (LoRA layers stripped)."""
+    base = shared.get_base_model()
+    state = {
+        name.replace(".base_layer", ""): tensor
+        for name, tensor in base.state_dict().items()
+        if "lora_" not in name
+    }
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
+    plain.load_state_dict(state, assign=True)
+    plain.save_pretrained(folder)
