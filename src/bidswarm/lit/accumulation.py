@@ -62,6 +62,8 @@ class GradientAccumulator:
             return False
         # A zero loss on exactly the agents with data somewhere: every process's backward then
         # all-reduces those agents' accumulated gradients (its own may be none: zeros).
-        touch = sum(p.reshape(-1)[0] * 0.0 for agent in active for p in agent.parameters())
+        touch = sum(
+            p.reshape(-1)[0] * 0.0 for agent in active for p in agent.trainable_parameters()
+        )
         self.module.manual_backward(touch)
         return True

@@ -239,7 +239,7 @@ class SFTModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         groups = [
-            {"params": list(agent.parameters()), "name": self.agent_name(index)}
+            {"params": agent.trainable_parameters(), "name": self.agent_name(index)}
             for index, agent in enumerate(self.population)
         ]
         optimizer = torch.optim.AdamW(groups, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)

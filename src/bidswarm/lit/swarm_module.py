@@ -56,7 +56,7 @@ class SwarmModule(L.LightningModule):
         # One optimizer (DeepSpeed accepts one), one param group per agent: agents that did
         # not act keep grad None and AdamW leaves them untouched.
         groups = [
-            {"params": list(agent.parameters()), "name": f"agent{i}"}
+            {"params": agent.trainable_parameters(), "name": f"agent{i}"}
             for i, agent in enumerate(self.population.agents)
         ]
         return torch.optim.AdamW(groups, lr=self.rl.lr, weight_decay=self.rl.weight_decay)
