@@ -210,6 +210,16 @@ def test_generation_stops_at_eos_per_row_and_keeps_it(agent, template):
         assert after.reply_ids == before.reply_ids[:cut]
 
 
+def test_checking_for_stopped_rows_every_few_tokens_changes_no_reply(agent, template):
+    prompts = prompts_of_different_lengths(template)
+    free = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    agent.stop_ids = [free[0].reply_ids[0], free[1].reply_ids[1]]  # rows stop early
+    every_token = agent.generate(prompts, max_new_tokens=12, temperature=0.0)
+    agent.stop_check_every = 8  # as on an accelerator: decode on past the last stop
+    assert agent.generate(prompts, max_new_tokens=12, temperature=0.0) == every_token
+    assert len(every_token[0].reply_ids) == 1
+
+
 def test_prompts_are_truncated_from_the_left(agent, template):
     prompt = template.bid("logger", OBSERVATIONS[2])
     full = agent.encode_prompts([prompt])[0]
