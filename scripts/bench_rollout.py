@@ -7,6 +7,13 @@ shared prompt prefix computed once); the naive path asks one prompt at a time.
 
     .venv/bin/python scripts/bench_rollout.py                       # default, ~3 min on 2 cores
     .venv/bin/python scripts/bench_rollout.py --tiny-envs 64 --smollm-envs 32 --smollm-rounds 3
+    .venv/bin/python scripts/bench_rollout.py --device cuda --skip-smollm   # + the engine figures
+
+On an accelerator (``--device cuda``) it also measures the rollout engine on a real-shaped model
+(``--shape-model``, default ``llama_1b``, random init): decode tokens/s and their fraction of the
+memory-bandwidth roofline (weights + KV cache bytes per step / ``--memory-bandwidth``), and the
+MFU of a prefill and of a training step (forward + backward) against the measured bf16 matmul
+peak (FLOPs: 2 or 6 x non-embedding parameters x tokens; attention and the head are left out).
 
 Progress goes to stderr; the last line of stdout is one JSON object with the figures.
 """
@@ -67,7 +74,7 @@ class Bench:
         self.template = template
         self.cfg = cfg
         self.max_action_tokens = max_action_tokens
-        self.generator = torch.Generator().manual_seed(0)
+        self.generator = torch.Generator(population[0].device).manual_seed(0)
         self.next_seed = 0
 
     def fresh_envs(self, n_envs: int) -> list[CraftingEnv]:
@@ -136,7 +143,9 @@ def compare_paths(bench: Bench, n_envs: int, naive_envs: int, rounds: int) -> tu
     return decisions["batched"] / seconds["batched"], decisions["naive"] / seconds["naive"]
 
 
-def bench_model(name: str, n_envs: int, rounds: int, naive_envs: int) -> dict[str, float]:
+def bench_model(
+    name: str, n_envs: int, rounds: int, naive_envs: int, device: str = "cpu"
+) -> dict[str, float]:
     cfg = model_config(name)
     env = CraftingEnv(CraftingConfig())
     torch.manual_seed(0)
@@ -146,7 +155,7 @@ def bench_model(name: str, n_envs: int, rounds: int, naive_envs: int) -> dict[st
         corpus = tokenizer_corpus(
             env, PromptTemplate.for_env(env, cfg.prompt_style, None, LEVELS), 8
         )
-    population = Population.build(cfg, list(env.roles), 1, corpus)
+    population = Population.build(cfg, list(env.roles), 1, corpus).to(device)
     population.eval()
     template = PromptTemplate.for_env(env, cfg.prompt_style, population[0].tokenizer, LEVELS)
     progress(f"{name}: built {len(population)} agents in {time.perf_counter() - started:.1f}s")
@@ -165,9 +174,114 @@ def bench_model(name: str, n_envs: int, rounds: int, naive_envs: int) -> dict[st
         f"{name}/naive_decisions_per_s": naive,
         f"{name}/speedup": batched / naive,
     }
-    if cfg.source != "tiny":
+    if cfg.source != "tiny" and device == "cpu":
         result.update(prefill_efficiency(name, population[0], template, bench, n_envs))
     return result
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_best(run, device: torch.device, repeats: int = 3) -> float:
+    """The fastest of ``repeats`` runs of ``run()``, in seconds, after one warm-up run."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        run()
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def bf16_matmul_peak(device: torch.device, size: int = 8192) -> float:
+    """Best bf16 FLOP/s of a square matmul on ``device`` (the MFU denominator)."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    return 2 * size**3 / timed_best(lambda: torch.mm(a, b), device, repeats=10)
+
+
+def engine_figures(
+    name: str, device: torch.device, n_envs: int, new_tokens: int, bandwidth: float, matmul: int
+) -> dict[str, float]:
+    """Decode roofline fraction, prefill and training-step MFU of one ``name`` agent."""
+    cfg = model_config(name)
+    env = CraftingEnv(CraftingConfig())
+    corpus = tokenizer_corpus(env, PromptTemplate.for_env(env, cfg.prompt_style, None, LEVELS), 8)
+    torch.manual_seed(0)
+    with torch.device(device):
+        agent = Population.build(cfg, [env.roles[0]], 1, corpus)[0]
+    agent.model.eval()
+    template = PromptTemplate.for_env(env, cfg.prompt_style, agent.tokenizer, LEVELS)
+    bench = Bench(Population([agent]), template, cfg, new_tokens)
+    envs = bench.fresh_envs(n_envs)
+    prompts = [template.action(agent.role, e.observation(agent.role)) for e in envs]
+    ids = agent.encode_prompts(prompts)
+    model = agent.model.config
+    params = sum(p.numel() for p in agent.model.parameters())
+    embedding = agent.model.get_input_embeddings().weight.numel()
+    dense = params - embedding
+    weight_bytes = sum(p.numel() * p.element_size() for p in agent.model.parameters())
+    peak = bf16_matmul_peak(device, matmul)
+    progress(f"{name} on {device}: {params / 1e9:.2f}B parameters, bf16 peak {peak / 1e12:.0f} TF")
+
+    input_ids, mask = left_pad(ids, agent.pad_id, device)
+    tokens = int(mask.sum())
+
+    def prefill():
+        with torch.no_grad():
+            agent.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions_from_mask(mask),
+                use_cache=True,
+                logits_to_keep=1,
+            )
+
+    prefill_s = timed_best(prefill, device)
+    agent.stop_ids = [-1]  # no row stops: every row decodes new_tokens tokens
+
+    def generate():
+        agent.generate(prompts, new_tokens, 1.0, bench.generator)
+
+    generate_s = timed_best(generate, device)
+    decode_s = max(generate_s - prefill_s, 1e-9)
+    head_dim = model.head_dim or model.hidden_size // model.num_attention_heads
+    kv_per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * head_dim
+    kv_per_token *= agent.model.dtype.itemsize
+    mean_context = mask.shape[1] + new_tokens / 2
+    step_bytes = weight_bytes + kv_per_token * mean_context * n_envs
+    roofline_s = (new_tokens - 1) * step_bytes / bandwidth
+
+    replies = [[5] * 16 for _ in ids]
+    agent.model.train()
+    train_tokens = sum(len(p) + 16 for p in ids)
+
+    def train_step():
+        logp, lengths = agent.reply_token_logprobs(ids, replies)
+        (logp * lengths).sum().backward()
+        agent.model.zero_grad(set_to_none=True)
+
+    train_s = timed_best(train_step, device)
+    figures = {
+        "parameters": float(params),
+        "envs": float(n_envs),
+        "bf16_matmul_peak_flops_per_s": peak,
+        "prefill_tokens": float(tokens),
+        "prefill_s": prefill_s,
+        "prefill_mfu": 2 * dense * tokens / prefill_s / peak,
+        "decode_tokens_per_s": n_envs * (new_tokens - 1) / decode_s,
+        "decode_fraction_of_roofline": roofline_s / decode_s,
+        "train_tokens": float(train_tokens),
+        "train_step_s": train_s,
+        "train_step_mfu": 6 * dense * train_tokens / train_s / peak,
+    }
+    for key, value in figures.items():
+        progress(f"{name}/engine/{key}: {value:.4g}")
+    return {f"{name}/engine/{key}": value for key, value in figures.items()}
 
 
 def matmul_peak_flops(sizes: tuple[int, ...] = (512, 1024, 2048, 3072), repeats: int = 8) -> float:
@@ -243,17 +357,47 @@ def main() -> None:
         "only spin-wait on a shared machine)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads for SmolLM2 (0: all)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--shape-model",
+        default=None,
+        help="model config of the engine figures (default on cuda: llama_1b; none on cpu)",
+    )
+    parser.add_argument("--engine-envs", type=int, default=64)
+    parser.add_argument("--engine-new-tokens", type=int, default=32)
+    parser.add_argument("--engine-matmul", type=int, default=8192, help="matmul size of the peak")
+    parser.add_argument(
+        "--memory-bandwidth", type=float, default=4.8e12, help="bytes/s (H200: 4.8e12)"
+    )
     args = parser.parse_args()
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.tiny_threads)
     figures: dict[str, float] = {"tiny/threads": float(args.tiny_threads)}
-    figures.update(bench_model("tiny", args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs))
+    figures.update(
+        bench_model("tiny", args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device)
+    )
     if not args.skip_smollm:
         torch.set_num_threads(args.threads or default_threads)
         figures["smollm2_135m/threads"] = float(torch.get_num_threads())
         figures.update(
             bench_model(
-                "smollm2_135m", args.smollm_envs, args.smollm_rounds, args.smollm_naive_envs
+                "smollm2_135m",
+                args.smollm_envs,
+                args.smollm_rounds,
+                args.smollm_naive_envs,
+                args.device,
+            )
+        )
+    shape = args.shape_model or ("llama_1b" if args.device != "cpu" else None)
+    if shape:
+        figures.update(
+            engine_figures(
+                shape,
+                torch.device(args.device),
+                args.engine_envs,
+                args.engine_new_tokens,
+                args.memory_bandwidth,
+                args.engine_matmul,
             )
         )
     print(json.dumps(figures))
