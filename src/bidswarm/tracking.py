@@ -96,10 +96,15 @@ def experiment_id(client, name: str) -> str:
     return experiment.experiment_id
 
 
+UI_VIEW = "workflowType=machine_learning"
+"""The MLflow UI's model-training view (runs, charts), not the GenAI one it opens by default."""
+
+
 def run_url(uri: str, experiment: str, run_id: str) -> str:
-    """The run's page in the MLflow UI: the server's own address, else ``mlflow ui``'s."""
+    """The run's page in the MLflow UI's model-training view: at the tracking server's own
+    address, else at ``mlflow ui``'s default one (:func:`ui_command`)."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment}/runs/{run_id}"
+    return f"{base}/#/experiments/{experiment}/runs/{run_id}?{UI_VIEW}"
 
 
 def ui_command(uri: str) -> str:
