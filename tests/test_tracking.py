@@ -38,6 +38,7 @@ def sweep(tmp_path_factory) -> tuple[str, Path]:
     ]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    (root / "console.txt").write_text(result.stdout + result.stderr)
     return uri, root
 
 
@@ -185,3 +186,25 @@ def test_a_transcript_shows_bids_actor_action_reply_reward_and_credit():
     assert second.bids == {"agent0_logger": "malformed: '??'"}
     page = transcripts.render_html("eval_after", [written])
     assert "world 7, total reward 1" in page and "you mined 1 stone" in page
+
+
+def test_the_console_shows_our_lines_and_no_library_chatter(sweep):
+    _, root = sweep
+    console = (root / "console.txt").read_text()
+    assert "[bidswarm] eval_after: held-out reward" in console
+    assert "[bidswarm] sweep parent run: http://127.0.0.1:5000/#/experiments/" in console
+    for chatter in (
+        "litlogger",
+        "GPU available",
+        "TPU available",
+        "module(s) in eval mode",
+        "_pytree",
+        "Experiment with name",
+        "Creating initial MLflow database tables",
+        "real_accelerator",
+        "Writing model shards",
+    ):
+        assert chatter not in console, f"{chatter!r} reached the console"
+    # ... it went to the jobs' train.log instead.
+    log = next((root / "sweep").glob("0_*/train.log")).read_text()
+    assert "GPU available" in log

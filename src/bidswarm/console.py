@@ -42,6 +42,26 @@ def _console_handlers(logger: logging.Logger) -> list[logging.Handler]:
     ]
 
 
+class ToFilesOnly(logging.Filter):
+    """Hands a logger's records to ``files`` and keeps them off the logger's own handlers: for
+    loggers that install a console handler when first imported (DeepSpeed's, which warns about
+    the accelerator on import), after :func:`configure` ran."""
+
+    def __init__(self, files: list[logging.Handler]):
+        super().__init__()
+        self.files = files
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for handler in self.files:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+        return False
+
+
+LATE_LOGGERS = ("DeepSpeed",)
+"""Loggers made with their own console handler on import, possibly after :func:`configure`."""
+
+
 def configure(verbose: bool) -> None:
     """Route our lines and the libraries' (call once per process, after Hydra set up logging
     and before models, trainers or the tracking store are made)."""
@@ -65,6 +85,8 @@ def configure(verbose: bool) -> None:
         for handler in _console_handlers(logger):
             logger.removeHandler(handler)
         logger.propagate = True  # -> the root's train.log
+    for name in LATE_LOGGERS:
+        logging.getLogger(name).addFilter(ToFilesOnly(files))
     for handler in _console_handlers(root):
         handler.setLevel(logging.ERROR)
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
