@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
+# one go (~8 minutes on an H200), ending with one JSON summary on stdout:
+#
+#   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
+#
+# 1. environment: GPU, driver memory, torch / transformers / lightning / deepspeed / peft;
+# 2. strategies: `pytest -m gpu tests/test_strategies.py`: debug=smoke with trainer=gpu,
+#    deepspeed_stage_2, deepspeed_stage_3, and the torchrun launch of trainer=ddp and
+#    trainer=multinode (one process), each run's peak GPU memory per phase;
+# 3. memory: scripts/gpu_memory_probe.py, three llama_4b agents (bf16, activation
+#    checkpointing, micro-batches) at 32 envs x 120 decisions, action and bid update; then
+#    twelve llama_4b LoRA agents on one shared base;
+# 4. engine: scripts/bench_rollout.py --device cuda: tiny-model rollouts on the GPU, and on the
+#    llama_1b shape decode tokens/s vs the memory roofline, prefill and training-step MFU.
+#
+# Each stage has a time limit and records its exit code; a failed stage does not stop the
+# others. Python: $PYTHON, else .venv/bin/python, else python3. Packages missing from it are
+# installed offline from .whl/ (pip wheels put there beforehand) when that folder exists.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+DIR=${OUT:-outputs/gpu_check}
+mkdir -p "$DIR"
+export PYTHONPATH="$PWD/src:$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}"
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export MLFLOW_TRACKING_URI="sqlite:///$PWD/$DIR/mlflow.db"
+: > "$DIR/stages.tsv"
+
+if [ -d .whl ]; then
+  "$PY" -m pip install -q --no-index --find-links .whl -r <(ls .whl | sed 's/-[0-9].*//') \
+    > "$DIR/offline_install.log" 2>&1
+fi
+
+stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/NAME.log
+  local name=$1 limit=$2 start rc
+  shift 2
+  start=$(date +%s)
+  echo "[gpu_check] $name (limit ${limit}s)" >&2
+  timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" >> "$DIR/stages.tsv"
+  tail -n 1 "$DIR/$name.log" > "$DIR/$name.last"
+}
+
+stage environment 60 "$PY" - <<'PY'
+import importlib, json, torch
+info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": None}
+if torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(0)
+    info |= {"device": props.name, "device_memory_gib": props.total_memory / 2**30}
+for name in ["transformers", "lightning", "deepspeed", "peft", "hydra", "mlflow", "bidswarm"]:
+    try:
+        info[name] = getattr(importlib.import_module(name), "__version__", "present")
+    except Exception as error:  # a missing package is a finding, not a crash
+        info[name] = f"missing: {type(error).__name__}: {error}"[:200]
+print(json.dumps(info))
+PY
+stage strategies 330 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA \
+  --junitxml="$DIR/strategies.xml" tests/test_strategies.py
+# Without CUDA the memory and engine stages run only when asked for with small models
+# (GPU_CHECK_MODEL=tiny GPU_CHECK_ENGINE_MODEL=tiny: a check of this script itself).
+if "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+  DEVICE=cuda
+else
+  DEVICE=cpu
+fi
+MODEL=${GPU_CHECK_MODEL:-llama_4b}
+if [ "$DEVICE" = cuda ] || [ -n "${GPU_CHECK_MODEL:-}" ]; then
+  stage memory_full 150 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
+  stage memory_lora 60 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
+    --adapter lora
+  stage engine 150 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
+    --tiny-rounds 2 --shape-model "${GPU_CHECK_ENGINE_MODEL:-llama_1b}"
+fi
+
+"$PY" - "$DIR" <<'PY' | tee "$DIR/summary.json"
+import json, sys, datetime, xml.etree.ElementTree as ET
+from pathlib import Path
+d = Path(sys.argv[1])
+def last_json(name):
+    try:
+        return json.loads((d / f"{name}.last").read_text())
+    except Exception:
+        return None
+summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+summary["stages"] = {
+    name: {"exit_code": int(rc), "seconds": int(s)}
+    for name, rc, s in (line.split("\t") for line in (d / "stages.tsv").read_text().splitlines())
+}
+summary["environment"] = last_json("environment")
+tests = {}
+if (d / "strategies.xml").is_file():
+    for case in ET.parse(d / "strategies.xml").iter("testcase"):
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = f"{child.tag}: {(child.get('message') or '')[:300]}"
+        tests[case.get("name")] = outcome
+summary["strategies"] = tests
+summary["memory_full"] = last_json("memory_full")
+summary["memory_lora"] = last_json("memory_lora")
+summary["engine"] = last_json("engine")
+print(json.dumps(summary, indent=1))
+PY
