@@ -34,6 +34,7 @@ def sweep(tmp_path_factory) -> tuple[str, Path]:
         "task.max_decisions=8",
         "task.n_heldout_seeds=2",
         "sft.demo_episodes=2",
+        "eval.every=1",
         f"hydra.sweep.dir={root / 'sweep'}",
     ]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -60,7 +61,7 @@ def test_sweep_parent_is_named_from_the_sweep_and_summarises_its_arms(sweep):
     parent = parents[0]
     assert parent.info.run_name == (
         "sweep debug=smoke ablation=none,random_credit seed=0 task.max_decisions=8 "
-        "task.n_heldout_seeds=2 sft.demo_episodes=2"
+        "task.n_heldout_seeds=2 sft.demo_episodes=2 eval.every=1"
     )
     assert parent.info.status == "FINISHED"
     # It ended after its last child, not when it was made.
@@ -102,13 +103,15 @@ def test_each_sampled_episode_is_a_trace_with_a_span_per_step(sweep):
             locations=[experiment.experiment_id],
             filter_string=f"metadata.`mlflow.sourceRun` = '{child.info.run_id}'",
         )
-        # Two held-out worlds x one run each, both evaluations (before and after RL).
-        assert len(traces) == 4
+        # Two held-out worlds x one run each, three evaluations (before, during, after RL).
+        assert len(traces) == 6
         for trace in traces:
             root = next(s for s in trace.data.spans if s.parent_id is None)
             assert len(trace.data.spans) == 1 + root.outputs["steps"]
         artifacts = {a.path for a in client.list_artifacts(child.info.run_id, "transcripts")}
-        assert artifacts == {"transcripts/eval_after.html", "transcripts/eval_before.html"}
+        assert artifacts == {
+            f"transcripts/{key}.html" for key in ("eval_before", "eval_during", "eval_after")
+        }
 
 
 def test_artifacts_go_beside_the_store_not_into_mlruns(sweep):
@@ -208,3 +211,23 @@ def test_the_console_shows_our_lines_and_no_library_chatter(sweep):
     # ... it went to the jobs' train.log instead.
     log = next((root / "sweep").glob("0_*/train.log")).read_text()
     assert "GPU available" in log
+
+
+def test_held_out_evaluations_sit_at_their_update_on_the_training_axis(sweep):
+    uri, _ = sweep
+    client, _, _, children = runs_of(uri)
+    for child in children:
+        steps = {
+            key: [m.step for m in client.get_metric_history(child.info.run_id, key)]
+            for key in (
+                "reward/mean",
+                *(f"{e}/reward/mean" for e in ("eval_before", "eval_during", "eval_after")),
+            )
+        }
+        # debug=smoke: two updates (0, 1); eval.every=1 evaluates after the first.
+        assert steps == {
+            "reward/mean": [0, 1],
+            "eval_before/reward/mean": [0],
+            "eval_during/reward/mean": [1],
+            "eval_after/reward/mean": [2],
+        }

@@ -293,6 +293,9 @@ class EvalConfig:
     runs_per_seed: int = 1
     max_seeds: int | None = None
     before_rl: bool = True
+    every: int | None = None
+    """Also evaluate every this many RL updates (``eval_during/*``, logged at the update);
+    None: only before and after RL."""
 
 
 @dataclass
@@ -422,6 +425,8 @@ def validate(cfg: Any) -> None:
         problems.require(
             cfg.eval.max_seeds >= 1, "eval.max_seeds", cfg.eval.max_seeds, ">= 1 or null"
         )
+    if cfg.eval.every is not None:
+        problems.require(cfg.eval.every >= 1, "eval.every", cfg.eval.every, ">= 1 or null")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 

@@ -16,6 +16,8 @@ EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"
 """Held-out evaluation after RL: logged at the step of the number of updates made."""
+EVAL_DURING = "eval_during"
+"""Held-out evaluation every ``eval.every`` updates during RL: logged at the updates made."""
 
 
 def seconds(phase: str) -> str:

@@ -331,6 +331,22 @@ class Preflight(Callback):
             sys.exit(f"Error: {error}")
 
 
+class PeriodicEvaluation(L.Callback):
+    """Held-out evaluation every ``every`` RL updates (``eval.every``), logged as
+    ``eval_during/*`` at the number of updates made; not after the last update, which
+    ``eval_after`` measures."""
+
+    def __init__(self, run: Run, every: int, total_updates: int):
+        self.run = run
+        self.every = every
+        self.total_updates = total_updates
+
+    def on_train_epoch_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        updates = trainer.current_epoch + 1
+        if updates % self.every == 0 and updates < self.total_updates:
+            self.run.evaluate_and_record(names.EVAL_DURING, step=updates)
+
+
 AGENTS_ARTIFACT_LIMIT_MB = 500
 """Trained agents up to this size are copied into the MLflow artifact store (a tiny population
 is ~2 MB, SmolLM2-135M x 3 ~1.6 GB): larger ones stay in the run folder only."""
@@ -424,7 +440,7 @@ class Run:
         self.state["sft_done"] = True
         self.save_state()
 
-    def evaluate_and_record(self, key: str) -> dict[str, float]:
+    def evaluate_and_record(self, key: str, step: int | None = None) -> dict[str, float]:
         """Held-out mean, SE and 95% CI over worlds, logged under ``key/`` and kept in the
         run's state; the per-world mean rewards (to pair arms on the same worlds) go to the
         state's ``key_worlds`` and the artifact ``heldout/<key>_worlds.json``."""
@@ -438,7 +454,8 @@ class Run:
         }
         # At the update where it was measured, on the training curves' axis: before RL at 0,
         # after RL at the number of updates made.
-        step = 0 if key == names.EVAL_BEFORE else len(self.history)
+        if step is None:
+            step = 0 if key == names.EVAL_BEFORE else len(self.history)
         self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()}, step=step)
         self.state[key] = metrics
         worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
@@ -485,7 +502,11 @@ class Run:
         )
         trainer = L.Trainer(
             max_epochs=module.total_updates,
-            callbacks=[checkpoint, UpdateProgress(module.total_updates)],
+            callbacks=[
+                checkpoint,
+                UpdateProgress(module.total_updates),
+                *self.periodic_evaluation(module.total_updates),
+            ],
             enable_checkpointing=True,
             enable_progress_bar=False,
             **self.trainer_kwargs(),
@@ -532,6 +553,12 @@ class Run:
         self.print_summary()
 
     # -- helpers -------------------------------------------------------------------------------
+    def periodic_evaluation(self, total_updates: int) -> list[L.Callback]:
+        """``eval.every``: the callback that evaluates during RL (none when unset)."""
+        if not self.cfg.eval.enabled or self.cfg.eval.every is None:
+            return []
+        return [PeriodicEvaluation(self, self.cfg.eval.every, total_updates)]
+
     def sft_flops(self) -> float:
         """SFT's training FLOPs: 6 x parameters x trained tokens per agent (PAPER.md section 5,
         as the RL ledger counts them)."""
