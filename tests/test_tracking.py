@@ -31,7 +31,6 @@ def sweep(tmp_path_factory) -> tuple[str, Path]:
         "debug=smoke",
         "ablation=none,random_credit",
         "seed=0",
-        "task.max_decisions=8",
         "task.n_heldout_seeds=2",
         "sft.demo_episodes=2",
         "eval.every=1",
@@ -60,8 +59,8 @@ def test_sweep_parent_is_named_from_the_sweep_and_summarises_its_arms(sweep):
     assert len(parents) == 1 and len(children) == 2
     parent = parents[0]
     assert parent.info.run_name == (
-        "sweep debug=smoke ablation=none,random_credit seed=0 task.max_decisions=8 "
-        "task.n_heldout_seeds=2 sft.demo_episodes=2 eval.every=1"
+        "sweep debug=smoke ablation=none,random_credit seed=0 task.n_heldout_seeds=2 "
+        "sft.demo_episodes=2 eval.every=1"
     )
     assert parent.info.status == "FINISHED"
     # It ended after its last child, not when it was made.
@@ -103,15 +102,21 @@ def test_each_sampled_episode_is_a_trace_with_a_span_per_step(sweep):
             locations=[experiment.experiment_id],
             filter_string=f"metadata.`mlflow.sourceRun` = '{child.info.run_id}'",
         )
-        # Two held-out worlds x one run each, three evaluations (before, during, after RL).
-        assert len(traces) == 6
         for trace in traces:
             root = next(s for s in trace.data.spans if s.parent_id is None)
             assert len(trace.data.spans) == 1 + root.outputs["steps"]
         artifacts = {a.path for a in client.list_artifacts(child.info.run_id, "transcripts")}
-        assert artifacts == {
-            f"transcripts/{key}.html" for key in ("eval_before", "eval_during", "eval_after")
-        }
+        evaluations = [t for t in traces if "bidswarm.evaluation" in t.info.tags]
+        # Two held-out worlds x one run each, three evaluations (before, during, after RL).
+        assert len(evaluations) == 6
+        # The last bid update's forks: the recorded and the counterfactual branch of each
+        # played fork (at most three forks).
+        played = client.get_metric_history(child.info.run_id, "forks/resampled_below")[-1].value
+        forks = [t for t in traces if "bidswarm.forks" in t.info.tags]
+        assert played > 0, "no fork was played: nothing to check"
+        assert len(forks) == 2 * min(3, int(played))
+        pages = {f"transcripts/{key}.html" for key in ("eval_before", "eval_during", "eval_after")}
+        assert artifacts == pages | ({"transcripts/forks.html"} if played else set())
 
 
 def test_artifacts_go_beside_the_store_not_into_mlruns(sweep):

@@ -48,6 +48,7 @@ from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.plots import plot_participation, plot_reward_vs_flops
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.evaluation import evaluate
+from bidswarm.rollout.forks import ForkExample
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.memory_credit import draw_example_tree
 from bidswarm.rollout.records import Episode
@@ -513,6 +514,8 @@ class Run:
         )
         start = resume_checkpoint(checkpoint.folder)
         trainer.fit(module, ckpt_path=str(start) if start else None)
+        if rank_zero_only.rank == 0 and collector.last_forks:
+            self.log_fork_transcripts(collector.last_forks)
         self.state["rl_world_size"] = trainer.world_size
         self.save_state()
         self.history = module.history
@@ -580,6 +583,30 @@ class Run:
             note = f"{folder.resolve()} ({size_mb:.0f} MB, over the {limit} MB limit)"
             self.logger.experiment.set_tag(self.logger.run_id, "bidswarm.final", note)
 
+    def log_fork_transcripts(self, forks: list[ForkExample]) -> None:
+        """A few forks of the last bid update, the recorded branch against the counterfactual:
+        ``transcripts/forks.html`` and one trace per branch (tagged ``bidswarm.forks``)."""
+        written = transcripts.fork_transcripts(forks, self.loop.swarm.roles)
+        self.write_transcripts(
+            "forks", "forks of the last bid update", written, {"bidswarm.forks": "last bid update"}
+        )
+
+    def write_transcripts(
+        self, name: str, heading: str, written: list[transcripts.Transcript], tags: dict[str, str]
+    ) -> None:
+        """``transcripts/<name>.html`` and one MLflow trace per transcript (with ``tags``)."""
+        folder = self.run_dir / "transcripts"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{name}.html").write_text(transcripts.render_html(heading, written))
+        self.log_artifact(folder)
+        if isinstance(self.logger, MLFlowLogger):
+            import mlflow
+
+            uri = tracking.tracking_uri(self.cfg.logger.tracking_uri)
+            if mlflow.get_tracking_uri() != uri:
+                mlflow.set_tracking_uri(uri)
+            transcripts.log_traces(self.logger.experiment_id, self.logger.run_id, written, tags)
+
     def log_transcripts(self, key: str, episodes: list[Episode]) -> None:
         """A few of the evaluation's episodes, step by step: ``transcripts/<key>.html`` and one
         MLflow trace per episode (tagged ``bidswarm.evaluation=<key>``)."""
@@ -597,23 +624,8 @@ class Run:
             )
             for n, episode in enumerate(sampled)
         ]
-        folder = self.run_dir / "transcripts"
-        folder.mkdir(exist_ok=True)
-        page = folder / f"{key}.html"
-        page.write_text(transcripts.render_html(f"{key}: sampled held-out episodes", written))
-        self.log_artifact(folder)
-        if isinstance(self.logger, MLFlowLogger):
-            import mlflow
-
-            uri = tracking.tracking_uri(self.cfg.logger.tracking_uri)
-            if mlflow.get_tracking_uri() != uri:
-                mlflow.set_tracking_uri(uri)
-            transcripts.log_traces(
-                self.logger.experiment_id,
-                self.logger.run_id,
-                written,
-                {"bidswarm.evaluation": key},
-            )
+        heading = f"{key}: sampled held-out episodes"
+        self.write_transcripts(key, heading, written, {"bidswarm.evaluation": key})
 
     def draw_memory_tree(self, episodes: list[Episode], key: str) -> Path:
         """``memory_tree_<key>.png``: the contribution tree of one evaluation step."""

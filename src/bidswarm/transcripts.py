@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.envs.base import role_name
+from bidswarm.rollout.forks import ForkExample
 from bidswarm.rollout.memory_credit import episode_reads
 from bidswarm.rollout.records import Episode, StepRecord
 
@@ -115,6 +116,44 @@ def sample_episodes(episodes: list[Episode], k: int, seed: int) -> list[Episode]
         random.Random(f"transcripts/{seed}").sample(range(len(episodes)), min(k, len(episodes)))
     )
     return [episodes[i] for i in picked]
+
+
+OUTCOME = {1: "the recorded branch won", -1: "the counterfactual branch won", 0: "a tie"}
+
+
+def fork_transcripts(
+    forks: list[ForkExample], roles: Sequence[str | None], k: int = FORK_PAIRS_PER_RUN
+) -> list[Transcript]:
+    """Two transcripts per fork of the first ``k`` forks (decided ones before ties): the
+    recorded episode from the forked step on, and the counterfactual branch in which the
+    runner-up acted at that step; their titles say which scored more from there."""
+    names = agent_names(roles)
+    chosen = sorted(forks, key=lambda fork: fork.preference == 0)[:k]
+    written = []
+    for n, fork in enumerate(chosen):
+        step, outcome = fork.step, OUTCOME[fork.preference]
+        recorded = Episode(
+            fork.episode.seed, [s for s in fork.episode.steps if s.index >= step.index]
+        )
+        winner = names[step.actor] if step.actor is not None else "nobody"
+        runner_up = (
+            names[step.decision.runner_up] if step.decision.runner_up is not None else "nobody"
+        )
+        written.append(
+            transcript(
+                recorded,
+                f"fork {n} at step {step.index}: recorded, {winner} acts ({outcome})",
+                roles,
+            )
+        )
+        written.append(
+            transcript(
+                fork.branch,
+                f"fork {n} at step {step.index}: counterfactual, {runner_up} acts ({outcome})",
+                roles,
+            )
+        )
+    return written
 
 
 def render_html(heading: str, transcripts: list[Transcript]) -> str:

@@ -30,7 +30,7 @@ from bidswarm.rollout.batches import (
     credited_batches,
     preference_batches,
 )
-from bidswarm.rollout.forks import fork_pairs
+from bidswarm.rollout.forks import ForkExample, fork_pairs
 from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
 from bidswarm.rollout.memory_credit import memory_tree_metrics
 from bidswarm.rollout.metrics import episode_metrics, timed
@@ -79,6 +79,8 @@ class Collector:
         self.credit_rule = make_credit_rule(credit, **(credit_parameters or {}))
         self.train_seeds = train_seeds
         self.seed = seed
+        self.last_forks: list[ForkExample] = []
+        """The forks played by the latest bid update (for transcripts)."""
 
     @property
     def usage(self) -> Usage:
@@ -120,7 +122,10 @@ class Collector:
                 )
         else:
             with timed(timings, "fork"):
-                pairs, stats = fork_pairs(self.loop, episodes, self.rl, rng, generator)
+                self.last_forks = []
+                pairs, stats = fork_pairs(
+                    self.loop, episodes, self.rl, rng, generator, examples=self.last_forks
+                )
             batches = preference_batches(pairs)
             metrics |= stats.as_metrics()
         for batch in batches:

@@ -39,6 +39,18 @@ class ForkStats:
         return {f"forks/{name}": float(value) for name, value in vars(self).items()}
 
 
+@dataclass
+class ForkExample:
+    """One played fork, kept for its transcript: the recorded episode and its forked step, the
+    counterfactual branch from that step on (the runner-up acting), and which scored more
+    from that step on (``preference``: +1 the recorded one, -1 the branch, 0 a tie)."""
+
+    episode: Episode
+    step: StepRecord
+    branch: Episode
+    preference: int
+
+
 def forkable_steps(episode: Episode, fork_steps: ForkSteps) -> list[StepRecord]:
     """The contested steps of ``episode`` (with a snapshot) that ``fork_steps`` allows.
 
@@ -60,6 +72,7 @@ def fork_pairs(
     rl: RLConfig,
     rng: random.Random,
     generator: torch.Generator,
+    examples: list[ForkExample] | None = None,
 ) -> tuple[list[PreferencePair], ForkStats]:
     """Counterfactual forks of contested steps (PAPER.md section 4) -> preference pairs.
 
@@ -69,7 +82,8 @@ def fork_pairs(
     or a draw restricted to the levels below), let the runner-up act, roll the branch out with
     the current policies and compare the reward from that step on with the recorded episode's.
     Ties and failed resamples are dropped; every stage is counted in the returned
-    :class:`ForkStats`.
+    :class:`ForkStats`. ``examples``, when given, receives every played fork
+    (:class:`ForkExample`, for transcripts).
     """
     stats = ForkStats()
     chosen: list[tuple[Episode, StepRecord]] = []
@@ -102,6 +116,8 @@ def fork_pairs(
         episode, step = chosen[k]
         original, counterfactual = step.bids[step.actor].reply, resampled[k]
         preference = fork_preference(episode.reward_from(step.index), branch.total_reward)
+        if examples is not None:
+            examples.append(ForkExample(episode, step, branch, int(preference)))
         if preference == 0:
             stats.tied += 1
             continue
