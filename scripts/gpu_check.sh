@@ -44,7 +44,7 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/N
   tail -n 1 "$DIR/$name.log" > "$DIR/$name.last"
 }
 
-stage environment 60 "$PY" - <<'PY'
+stage environment 30 "$PY" - <<'PY'
 import importlib, json, torch
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": None}
 if torch.cuda.is_available():
@@ -57,7 +57,7 @@ for name in ["transformers", "lightning", "deepspeed", "peft", "hydra", "mlflow"
         info[name] = f"missing: {type(error).__name__}: {error}"[:200]
 print(json.dumps(info))
 PY
-stage strategies 330 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA \
+stage strategies 250 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA \
   --junitxml="$DIR/strategies.xml" tests/test_strategies.py
 # Without CUDA the memory and engine stages run only when asked for with small models
 # (GPU_CHECK_MODEL=tiny GPU_CHECK_ENGINE_MODEL=tiny: a check of this script itself).
@@ -68,10 +68,10 @@ else
 fi
 MODEL=${GPU_CHECK_MODEL:-llama_4b}
 if [ "$DEVICE" = cuda ] || [ -n "${GPU_CHECK_MODEL:-}" ]; then
-  stage memory_full 150 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
-  stage memory_lora 60 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
+  stage memory_full 90 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
+  stage memory_lora 40 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
     --adapter lora
-  stage engine 150 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
+  stage engine 70 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
     --tiny-rounds 2 --shape-model "${GPU_CHECK_ENGINE_MODEL:-llama_1b}"
 fi
 
