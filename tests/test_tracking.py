@@ -92,6 +92,7 @@ def test_children_params_have_no_paths_or_none_and_name_their_setting(sweep):
         assert int(params["agents/agent0_logger/params"]) > 0
         assert child.data.tags[tracking.OVERRIDES_TAG].startswith("debug=smoke ablation=")
         assert "epoch" not in child.data.metrics and "update" not in child.data.metrics
+        assert any(key.startswith("system/cpu") for key in child.data.metrics), "no system metrics"
 
 
 def test_each_sampled_episode_is_a_trace_with_a_span_per_step(sweep):

@@ -163,6 +163,9 @@ class RunLogger(MLFlowLogger):
 
     BOOKKEEPING = ("epoch",)
     SYSTEM_METRICS_INTERVAL_S = 5
+    RUN_END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+    """What :meth:`Run.close` ends the run with; Lightning's own ``finalize("success")`` at the
+    end of each fit (SFT, then RL) would mark the run finished while it goes on."""
 
     _system_monitor: Any = None
 
@@ -171,6 +174,11 @@ class RunLogger(MLFlowLogger):
         kept = {key: value for key, value in metrics.items() if key not in self.BOOKKEEPING}
         if kept:
             super().log_metrics(kept, step)
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if status in self.RUN_END_STATUSES:
+            super().finalize(status)
 
     @rank_zero_only
     def start_system_metrics(self) -> None:
