@@ -21,16 +21,20 @@ LAYERS = {
     "envs": 0,
     "statistics": 0,
     "plots": 0,
+    "metric_names": 0,
+    "console": 0,
     "coordination": 1,
     "config": 2,
     "agents": 3,
     "tracking": 3,
     "rollout": 4,
     "lit": 5,
+    "transcripts": 5,
     "run": 6,
     "train": 7,
     "evaluate": 7,
     "report": 7,
+    "sweep": 8,
 }
 """The layer of each top-level module or package of ``bidswarm``."""
 

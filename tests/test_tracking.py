@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from bidswarm import tracking, transcripts
 from bidswarm.coordination.base import Decision
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
+from bidswarm.sweep import arm_metric_name
 from conftest import ROOT
 
 
@@ -163,9 +164,9 @@ def test_params_drop_paths_none_and_superseded_model_defaults():
 
 
 def test_arm_names_become_valid_metric_names():
-    assert tracking.arm_metric_name("ablation=random_credit") == "ablation-random_credit"
-    assert tracking.arm_metric_name("mpt (defaults)") == "mpt _defaults_"
-    assert tracking.arm_metric_name("a=1,b=2") == "a-1 b-2"
+    assert arm_metric_name("ablation=random_credit") == "ablation-random_credit"
+    assert arm_metric_name("mpt (defaults)") == "mpt _defaults_"
+    assert arm_metric_name("a=1,b=2") == "a-1 b-2"
 
 
 def test_a_transcript_shows_bids_actor_action_reply_reward_and_credit():

@@ -13,8 +13,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from bidswarm import metric_names as names
-
 
 def plot_reward_vs_flops(
     history: list[dict[str, float]],
@@ -29,8 +27,8 @@ def plot_reward_vs_flops(
     fig, ax = plt.subplots(figsize=(6, 4))
     if history:
         flops = [sft_flops + h["flops/total"] for h in history]
-        mean = [h[names.REWARD] for h in history]
-        se = [h[names.REWARD_SE] for h in history]
+        mean = [h["reward/mean"] for h in history]
+        se = [h["reward/se"] for h in history]
         ax.plot(flops, mean, marker="o", ms=3, label="training episodes (RL)")
         ax.fill_between(
             flops,
@@ -64,7 +62,7 @@ def plot_participation(history: list[dict[str, float]], path: Path, run_name: st
     )
     for role in roles:
         ax.plot(
-            [h[names.UPDATE] for h in history],
+            [h["update"] for h in history],
             [h.get(f"participation/{role}", 0.0) for h in history],
             label=role,
         )

@@ -1,0 +1,133 @@
+"""A ``--multirun`` sweep's MLflow parent run: made before its jobs (Hydra callback
+:class:`SweepParent`), open while they run, ended with their summary (``bidswarm.report``:
+arms, held-out reward after RL, the comparison plots). See docs/mlflow.md."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from bidswarm import report
+from bidswarm.tracking import (
+    OVERRIDES_TAG,
+    PARENT_ENV,
+    SWEEP_TAG,
+    experiment_id,
+    run_url,
+    tracking_uri,
+)
+
+
+class SweepParent(Callback):
+    """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): in the launcher's process,
+    before any job, the sweep's parent run named from the sweep's overrides (all values,
+    ``sweep ablation=none,random_credit seed=0,1``); its id reaches the jobs through
+    :data:`PARENT_ENV`. After the last job: the sweep's summary (:func:`summarise_sweep`), and
+    the parent ends ``FINISHED`` (``FAILED`` if a job failed or the sweep stopped)."""
+
+    def __init__(self) -> None:
+        self.parent: str | None = None
+        self.uri = ""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.logger.name != "mlflow":
+            return
+        from mlflow.tracking import MlflowClient
+
+        if not config.verbose:  # the store's set-up lines: not on the launcher's console
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+        self.uri = tracking_uri(config.logger.tracking_uri)
+        client = MlflowClient(self.uri)
+        sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
+        overrides = " ".join(config.hydra.overrides.task)
+        run = client.create_run(
+            experiment_id(client, config.logger.experiment_name),
+            run_name=f"sweep {overrides}".strip(),
+            tags={SWEEP_TAG: sweep_dir, OVERRIDES_TAG: overrides},
+        )
+        self.parent = run.info.run_id
+        os.environ[PARENT_ENV] = self.parent
+        atexit.register(self._end, "FAILED")  # a failed job skips on_multirun_end
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.parent is None:
+            return
+        from mlflow.tracking import MlflowClient
+
+        parent, client = self.parent, MlflowClient(self.uri)
+        if not config.verbose:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+        try:
+            summary = summarise_sweep(client, self.parent, Path(config.hydra.sweep.dir) / "summary")
+        except (Exception, SystemExit) as error:  # the jobs' results stand without one
+            print(f"[bidswarm] sweep summary failed: {error}", flush=True)
+            summary = None
+        children = client.search_runs(
+            [client.get_run(self.parent).info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{self.parent}'",
+        )
+        finished = bool(children) and all(c.info.status == "FINISHED" for c in children)
+        self._end("FINISHED" if finished else "FAILED")
+        if summary is not None:
+            print(summary, flush=True)
+        experiment = client.get_run(parent).info.experiment_id
+        print(f"[bidswarm] sweep parent run: {run_url(self.uri, experiment, parent)}", flush=True)
+
+    def _end(self, status: str) -> None:
+        if self.parent is None:
+            return
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(self.uri).set_terminated(self.parent, status)
+        os.environ.pop(PARENT_ENV, None)
+        self.parent = None
+
+
+def arm_metric_name(arm: str) -> str:
+    """An arm's name as a metric name (MLflow allows letters, digits, ``_-. /``):
+    ``ablation=random_credit`` -> ``ablation-random_credit``."""
+    return re.sub(r"[^\w.\- ]", "_", arm.replace("=", "-").replace(",", " "))
+
+
+def summarise_sweep(client, parent: str, out: Path) -> str:
+    """The sweep's comparison (``bidswarm.report``: arms = children grouped by the overrides
+    that differ) on its parent run: per arm the held-out reward after RL,
+    ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}``, and ``arm/<arm>/runs``; the report
+    (``summary/report.md``, its plots) and the table
+    ``summary/arms.json``. Returns the report's markdown."""
+    text = report.write_report(client, parent, None, out)
+    rows = report.summarize(
+        report.group_by_strategy(
+            [report.read_run(client, r) for r in report.find_runs(client, parent, None)]
+        )
+    )
+    metrics: dict[str, float] = {}
+    for row in rows:
+        name = f"arm/{arm_metric_name(row.strategy)}"
+        metrics |= {f"{name}/heldout_reward/mean": row.mean, f"{name}/heldout_reward/se": row.se}
+        if row.ci_low is not None:
+            metrics |= {
+                f"{name}/heldout_reward/ci_low": row.ci_low,
+                f"{name}/heldout_reward/ci_high": row.ci_high,
+            }
+        metrics[f"{name}/runs"] = float(row.runs)
+    for key, value in metrics.items():
+        client.log_metric(parent, key, value)
+    client.log_artifacts(parent, str(out), "summary")
+    table = {
+        "arm": [row.strategy for row in rows],
+        "held-out reward after RL (mean)": [row.mean for row in rows],
+        "SE": [row.se for row in rows],
+        "95% CI low": [row.ci_low for row in rows],
+        "95% CI high": [row.ci_high for row in rows],
+        "runs": [row.runs for row in rows],
+    }
+    client.log_table(parent, table, "summary/arms.json")
+    return text
