@@ -1,6 +1,7 @@
 """Names of the logged metrics that more than one module writes or reads (README's metric
-table defines every metric). Renaming one here renames it everywhere; ``bidswarm.report``
-still reads the older names from stores logged before (``LEGACY``)."""
+table defines every metric). The names ``bidswarm.report`` reads from MLflow (``reward/mean``,
+``flops/total``, ``participation/*``, ``eval_after/*``, ``eval_before/*``) are unchanged since
+the first stores, so older stores (``outputs/results.db``) still report."""
 
 from __future__ import annotations
 
@@ -23,7 +24,3 @@ EVAL_DURING = "eval_during"
 def seconds(phase: str) -> str:
     """``time/<phase>_s``: wall-clock seconds of a named phase of one update."""
     return f"time/{phase}_s"
-
-
-LEGACY = {seconds("rollout"): "time/rollout"}
-"""New name -> the name stores logged before the rename hold."""
