@@ -238,3 +238,22 @@ def test_held_out_evaluations_sit_at_their_update_on_the_training_axis(sweep):
             "eval_during/reward/mean": [1],
             "eval_after/reward/mean": [2],
         }
+
+
+def test_a_sweep_whose_job_fails_ends_its_parent_failed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.train",
+        "-m",
+        "debug=smoke",
+        "rl.envs_per_update=0",  # refused by the job's own check, before any model loads
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    _, _, parents, _ = runs_of(uri)
+    assert [p.info.status for p in parents] == ["FAILED"]
+    assert parents[0].info.run_name == "sweep debug=smoke rl.envs_per_update=0"
