@@ -283,6 +283,10 @@ class RLConfig:
     update, at ``stop_after`` and at the update boundary after SIGTERM / SIGUSR1."""
     stop_after: int | None = None
     """End this process after this many updates (e.g. a cluster time slot); resume later."""
+    flop_budget: float | None = None
+    """[ours] End training once the run's training FLOPs (rollout + trained tokens, PAPER.md
+    section 5) reach this, even before ``cycles`` are done (None: train every cycle): arms of
+    different cost per update get the same compute (the adaptation experiment)."""
 
 
 @dataclass
@@ -315,6 +319,10 @@ class TrainConfig:
     resume: str | None = None
     """A run folder to continue (its ``state.json`` and ``checkpoints/``); it must hold a run
     whose method (task, model, coordination, credit, seed, sft, rl) is this config's."""
+    init_from: str | None = None
+    """A finished training run folder whose ``final/`` population starts this run in place of
+    the SFT cold start (adaptation to a new target; needs ``sft.enabled=false``). Its roles must
+    be this run's (each role's agent is copied ``coordination.replicas`` times)."""
     output_dir: str = "${hydra:runtime.output_dir}"
     verbose: bool = False
     """Show the libraries' console output (Lightning, MLflow, warnings); by default it goes to

@@ -27,12 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from bidswarm import console, tracking, transcripts
 from bidswarm import metric_names as names
-from bidswarm.agents.population import Population, agent_folder_name
+from bidswarm.agents.population import POPULATION_FILE, Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.credit import make_credit_rule
 from bidswarm.config import check_machine, validate
 from bidswarm.coordination import RULES, make_coordination
-from bidswarm.envs import make_env
+from bidswarm.envs import env_class, make_env
 from bidswarm.envs.base import MONOLITHIC, TextEnv, role_name
 from bidswarm.envs.experts import Demonstration, play_expert_episode
 from bidswarm.lit.callbacks import (
@@ -228,9 +228,15 @@ class ResumeError(ValueError):
     """``resume=`` names no run, or a run this config cannot continue."""
 
 
-METHOD_KEYS = ("task", "model", "coordination", "credit", "seed", "sft", "rl")
+METHOD_KEYS = ("task", "model", "coordination", "credit", "seed", "sft", "rl", "init_from")
 """Config sections that define the method: a resumed run must keep them."""
-RESUMABLE_CHANGES = ("rl.cycles", "rl.stop_after", "rl.checkpoint_every", "model.torch_threads")
+RESUMABLE_CHANGES = (
+    "rl.cycles",
+    "rl.stop_after",
+    "rl.flop_budget",
+    "rl.checkpoint_every",
+    "model.torch_threads",
+)
 """Keys of those sections a resumed run may change (length of the schedule, speed)."""
 
 
@@ -252,6 +258,47 @@ def check_resume(cfg: DictConfig) -> None:
     check_same_method(cfg, folder)
     # A truncated checkpoint is named before anything loads (fit checks every record).
     resume_checkpoint(folder / "checkpoints", full=False)
+
+
+class InitFromError(ValueError):
+    """``init_from=`` names no finished run, or one whose agents this config cannot start from."""
+
+
+def init_population_folder(cfg: DictConfig) -> Path | None:
+    """The ``final/`` population that ``init_from=`` starts the run from (None without it)."""
+    return None if cfg.init_from is None else Path(cfg.init_from) / "final"
+
+
+def check_init_from(cfg: DictConfig) -> None:
+    """``init_from=`` must name a finished run (its ``final/population.json``) of the same model
+    whose roles are this config's (one agent per role, or the monolithic agent); raises
+    :class:`InitFromError` naming the key and what differs. Loads no model."""
+    folder = init_population_folder(cfg)
+    if folder is None:
+        return
+    meta_file = folder / POPULATION_FILE
+    if not meta_file.is_file():
+        raise InitFromError(
+            f"init_from={cfg.init_from}: no finished run there (no {meta_file}); pass the "
+            "folder of a training run that saved its final/ population"
+        )
+    roles = json.loads(meta_file.read_text())["roles"]
+    rule = RULES[cfg.coordination.name]
+    wanted = [MONOLITHIC] if rule.monolithic else list(env_class(cfg.task.name).roles)
+    if roles != wanted:
+        raise InitFromError(
+            f"init_from={cfg.init_from}: its agents have roles {roles}, coordination="
+            f"{cfg.coordination.name} on task {cfg.task.name} needs {wanted} (one agent per "
+            "role; replicas are copied from it)"
+        )
+    saved_file = Path(cfg.init_from) / "resolved_config.yaml"
+    if saved_file.is_file():
+        saved_model = OmegaConf.load(saved_file).model.name
+        if saved_model != cfg.model.name:
+            raise InitFromError(
+                f"init_from={cfg.init_from}: trained model.name={saved_model!r}, this run "
+                f"has model.name={cfg.model.name!r}"
+            )
 
 
 def check_same_method(cfg: DictConfig, folder: Path) -> None:
@@ -324,6 +371,7 @@ def preflight(cfg: DictConfig) -> None:
     validate(cfg)
     check_machine(cfg)
     check_resume(cfg)
+    check_init_from(cfg)
     if cfg.logger.name == "mlflow":
         tracking.check_store(tracking.tracking_uri(cfg.logger.tracking_uri))
 
@@ -389,6 +437,10 @@ class Run:
         demos, budget_demos = start_demonstrations(env, cfg)
         if state.get("sft_done"):
             population = Population.from_pretrained(run_dir / "sft")
+        elif cfg.init_from is not None:
+            check_init_from(cfg)
+            source = Population.from_pretrained(init_population_folder(cfg))
+            population = source.replicate(cfg.coordination.replicas)
         else:
             texts = PromptTemplate.for_env(env, "compact", None, levels)
             corpus = [env.task_description] + [env.role_description(r) for r in env.roles]

@@ -99,6 +99,16 @@ class Population(torch.nn.Module):
                 )
         return cls(agents)
 
+    def replicate(self, replicas: int) -> Population:
+        """This population with each agent copied ``replicas`` times (population scaling of a
+        trained swarm): the copies start from the agent's weights in separate parameters and
+        are ordered role by role, as :meth:`build` orders them. ``replicas=1`` returns self."""
+        if replicas < 1:
+            raise ValueError(f"coordination.replicas={replicas} must be >= 1")
+        if replicas == 1:
+            return self
+        return Population([copy.deepcopy(agent) for agent in self.agents for _ in range(replicas)])
+
     def save_pretrained(self, directory: str | Path) -> None:
         """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``; LoRA
         agents write their adapters only, and the shared base model is written once

@@ -87,11 +87,21 @@ class SwarmModule(L.LightningModule):
         self._updates_this_process += 1
         if self.rl.stop_after is not None and self._updates_this_process >= self.rl.stop_after:
             self.trainer.should_stop = True
+        if self.budget_spent:
+            self.trainer.should_stop = True
+
+    @property
+    def budget_spent(self) -> bool:
+        """Whether the run's training FLOPs reached ``rl.flop_budget`` (never without one)."""
+        if self.rl.flop_budget is None:
+            return False
+        usage = self.collector.usage
+        return usage.rollout_flops + usage.train_flops >= self.rl.flop_budget
 
     @property
     def finished(self) -> bool:
-        """Whether every update of the schedule has been made."""
-        return len(self.history) >= self.total_updates
+        """Whether every update of the schedule has been made, or the FLOP budget is spent."""
+        return len(self.history) >= self.total_updates or self.budget_spent
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Counters, per-update metrics and the process's RNG states (each update draws its
