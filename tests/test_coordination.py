@@ -227,7 +227,9 @@ def test_graph_of_agents_plays_proposals_peers_scored_highest():
     swarm = build_swarm()
     loop = RolloutLoop(lambda: make_env(task()), swarm, GraphOfAgents())
     envs = envs_at([3, 4, 5])
-    situations, _, proposals = loop._gather(envs, [Episode(s) for s in (3, 4, 5)], seeded(7))
+    situations, _, proposals = loop._gather(
+        envs, [Episode(s) for s in (3, 4, 5)], seeded(7), random.Random(0)
+    )
     again = seeded(7)  # the same generator seed reproduces every agent's proposals
     redone = [swarm.act(agent, envs, again) for agent in range(swarm.n_agents)]
     for e, (s, env_proposals) in enumerate(zip(situations, proposals, strict=True)):

@@ -429,6 +429,12 @@ def validate(cfg: Any) -> None:
     _sft_problems(cfg, problems)
     _rl_problems(cfg, problems)
     problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    problems.require(
+        cfg.init_from is None or not cfg.sft.enabled,
+        "init_from",
+        cfg.init_from,
+        "starts from a trained population instead of the cold start: set sft.enabled=false",
+    )
     if cfg.eval.max_seeds is not None:
         problems.require(
             cfg.eval.max_seeds >= 1, "eval.max_seeds", cfg.eval.max_seeds, ">= 1 or null"
@@ -723,6 +729,8 @@ def _rl_problems(cfg: Any, problems: Problems) -> None:
     problems.at_least("rl.checkpoint_every", rl.checkpoint_every, 1)
     if rl.stop_after is not None:
         problems.require(rl.stop_after >= 1, "rl.stop_after", rl.stop_after, ">= 1 or null")
+    if rl.flop_budget is not None:
+        problems.positive("rl.flop_budget", rl.flop_budget)
 
 
 def check_machine(cfg: Any) -> None:

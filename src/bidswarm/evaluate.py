@@ -55,6 +55,15 @@ class EvaluateConfig:
     actions_from: str = "final"
     runs_per_seed: int = 3
     max_seeds: int | None = None
+    pass_k: int | None = None
+    """Report pass@1..pass@k of task success (unbiased estimator, 95% CI over worlds); the
+    worlds are played max(runs_per_seed, pass_k) times (None: pass@1..runs_per_seed)."""
+    replicas: int = 1
+    """[ours] Copies of each trained agent (population scaling without training: 3 agents x
+    replicas); the copies are separate agents in the coordination rule."""
+    dropout: float = 0.0
+    """[ours] Probability that each agent is absent at each decision step (it neither bids nor
+    acts; the rule routes around it; a monolithic agent's absence wastes the step)."""
     batch_size: int = 64
     """Episodes played in lock-step at once."""
     seed: int = 0
@@ -135,6 +144,12 @@ def validate_evaluation(cfg: DictConfig) -> None:
         problems.append(f"max_seeds={cfg.max_seeds}: must be >= 1 (or null for all)")
     if cfg.batch_size < 1:
         problems.append(f"batch_size={cfg.batch_size}: must be >= 1")
+    if cfg.pass_k is not None and cfg.pass_k < 1:
+        problems.append(f"pass_k={cfg.pass_k}: must be >= 1 (or null)")
+    if cfg.replicas < 1:
+        problems.append(f"replicas={cfg.replicas}: must be >= 1")
+    if not 0.0 <= cfg.dropout <= 1.0:
+        problems.append(f"dropout={cfg.dropout}: must lie in [0, 1]")
     if problems:
         raise ValueError("invalid config:\n  " + "\n  ".join(problems))
 
@@ -164,7 +179,13 @@ def build_loop(cfg: DictConfig) -> RolloutLoop:
             f"run {run_dir} trained one monolithic agent, which has no bid policy: "
             f"coordination={cfg.coordination.name} needs bids"
         )
-    return build_rollout_loop(cfg, actions, bid_population=bids)
+    if cfg.replicas > 1:
+        replicated = actions.replicate(cfg.replicas)
+        bids = replicated if bids is actions else bids.replicate(cfg.replicas)
+        actions = replicated
+    loop = build_rollout_loop(cfg, actions, bid_population=bids)
+    loop.dropout = cfg.dropout
+    return loop
 
 
 def source_run_id(run_dir: Path) -> str | None:
@@ -225,10 +246,17 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     loop = build_loop(cfg)
     env = loop.make_env()
     seeds = env.heldout_seeds()[: cfg.max_seeds]
-    evaluation = evaluate(loop, seeds, cfg.runs_per_seed, cfg.seed, cfg.batch_size)
+    runs = max(cfg.runs_per_seed, cfg.pass_k or 0)
+    evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size)
+    decisions = sum(len(e.steps) for e in evaluation.episodes)
     metrics = (
         evaluation.metrics
-        | {"seeds": float(len(seeds)), "runs_per_seed": float(cfg.runs_per_seed)}
+        | {
+            "seeds": float(len(seeds)),
+            "runs_per_seed": float(runs),
+            "agents": float(loop.swarm.n_agents),
+            "flops_per_decision": evaluation.usage.rollout_flops / max(decisions, 1),
+        }
         | evaluation.usage.as_metrics()
     )
     out_dir = Path(cfg.output_dir)
@@ -243,10 +271,17 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     print(
         f"[bidswarm] held-out reward {metrics['reward/mean']:.2f} +- {metrics['reward/se']:.2f} "
         f"(95% CI {metrics['reward/ci_low']:.2f} .. {metrics['reward/ci_high']:.2f}) "
-        f"over {len(seeds)} worlds x {cfg.runs_per_seed} runs (coordination="
-        f"{cfg.coordination.name}, bids={cfg.bids_from}, actions={cfg.actions_from})",
+        f"over {len(seeds)} worlds x {runs} runs (coordination="
+        f"{cfg.coordination.name}, bids={cfg.bids_from}, actions={cfg.actions_from}, "
+        f"{loop.swarm.n_agents} agents, dropout {cfg.dropout:g})",
         flush=True,
     )
+    for k in range(1, runs + 1):
+        print(
+            f"[bidswarm] pass@{k} {metrics[f'pass@{k}/mean']:.3f} (95% CI "
+            f"{metrics[f'pass@{k}/ci_low']:.3f} .. {metrics[f'pass@{k}/ci_high']:.3f})",
+            flush=True,
+        )
     return metrics
 
 

@@ -207,3 +207,31 @@ def _draw_counts(rng: np.random.Generator, size: int, resamples: int) -> np.ndar
     with replacement: shape (resamples, size)."""
     draws = rng.integers(0, size, size=(resamples, size))
     return np.stack([np.bincount(row, minlength=size) for row in draws])
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one world: ``1 - C(n - c, k) / C(n, k)``, the chance that at
+    least one of ``k`` attempts drawn without replacement from ``n`` attempts, ``c`` of them
+    successful, succeeds (Chen et al. 2021). Needs ``1 <= k <= n`` and ``0 <= c <= n``."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 1 <= k <= n attempts (n={n})")
+    if not 0 <= c <= n:
+        raise ValueError(f"{c} successes out of {n} attempts")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_over_worlds(
+    successes: Sequence[float], worlds: Sequence[int], k: int
+) -> tuple[Summary, dict[int, float]]:
+    """pass@k per world (from that world's attempts, ``successes[i]`` in {0, 1} the outcome of
+    an attempt on ``worlds[i]``), and its mean with the 95% t interval over worlds."""
+    attempts: dict[int, list[float]] = {}
+    for success, world in zip(successes, worlds, strict=True):
+        attempts.setdefault(world, []).append(success)
+    per_world = {
+        world: pass_at_k(len(outcomes), int(sum(o > 0.5 for o in outcomes)), k)
+        for world, outcomes in sorted(attempts.items())
+    }
+    return summarize(list(per_world.values())), per_world

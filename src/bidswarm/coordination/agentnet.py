@@ -116,22 +116,41 @@ class AgentNet(CoordinationRule):
         return cls(config)
 
     def bidders(self, situation: Situation) -> list[int]:
-        """Only the holder bids: its bid decides whether it keeps the task."""
-        return [] if situation.previous_actor is None else [situation.previous_actor]
+        """Only the holder bids (when present): its bid decides whether it keeps the task."""
+        holder = self._holder(situation)
+        return [] if holder is None else [holder]
 
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
         return [Decision(actor=self._route(situation)) for situation in situations]
 
-    def _route(self, situation: Situation) -> int:
+    @staticmethod
+    def _holder(situation: Situation) -> int | None:
+        """The previous actor, unless it dropped out (then nobody holds the task)."""
         holder = situation.previous_actor
+        return None if holder is None or holder in situation.absent else holder
+
+    def _route(self, situation: Situation) -> int | None:
+        if not situation.present:
+            return None
+        holder = self._holder(situation)
         if holder is not None and situation.bids[holder] >= self.keep_bid:
             return holder
         suggested = self.memory.suggest(observation_tokens(situation.observation))
+        if suggested in situation.absent:
+            suggested = None
         if holder is None:
-            return suggested if suggested is not None else situation.decision % situation.n_agents
+            if suggested is not None:
+                return suggested
+            return self._next_present(situation, situation.decision)
         if suggested is not None and suggested != holder:
             return suggested
-        return (holder + 1) % situation.n_agents
+        return self._next_present(situation, holder + 1)
+
+    @staticmethod
+    def _next_present(situation: Situation, start: int) -> int:
+        """The first present agent in rotation from ``start`` (some agent is present)."""
+        n = situation.n_agents
+        return next((start + k) % n for k in range(n) if (start + k) % n not in situation.absent)
 
     def record_outcomes(
         self, situations: list[Situation], decisions: list[Decision], rewards: list[float]

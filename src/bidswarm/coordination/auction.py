@@ -9,18 +9,23 @@ from bidswarm.coordination.base import CoordinationRule, Decision, Situation
 
 
 class Auction(CoordinationRule):
-    """Every agent bids in every env; the highest bid acts, ties uniform, all-zero skips."""
+    """Every present agent bids in every env; the highest bid acts, ties uniform, all-zero
+    skips. An absent agent makes no bid: it counts as 0, which never wins nor runs up."""
 
     asks_bids = True
     makes_contested_steps = True
 
     def bidders(self, situation: Situation) -> list[int]:
-        return list(range(situation.n_agents))
+        return situation.present
 
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
         decisions = []
         for situation in situations:
-            outcome = run_auction([situation.bids[a] for a in range(situation.n_agents)], rng)
+            bids = [
+                0.0 if a in situation.absent else situation.bids[a]
+                for a in range(situation.n_agents)
+            ]
+            outcome = run_auction(bids, rng)
             decisions.append(
                 Decision(
                     actor=outcome.winner,

@@ -45,6 +45,8 @@ class Situation:
     peer_scores:    ``peer_scores[scorer][proposer]``: the mean token log-prob of ``proposer``'s
                     action proposal under ``scorer``'s own action prompt, for rules that ask
                     for proposals; the diagonal is only filled for a lone agent.
+    absent:         agents that dropped out at this step (evaluation ``dropout``): they neither
+                    bid, propose nor act, and every rule routes around them.
     """
 
     n_agents: int
@@ -53,6 +55,12 @@ class Situation:
     observation: str = ""
     bids: Mapping[int, float] = field(default_factory=dict)
     peer_scores: tuple[tuple[float, ...], ...] = ()
+    absent: frozenset[int] = frozenset()
+
+    @property
+    def present(self) -> list[int]:
+        """The agents that may bid and act at this step, in index order."""
+        return [agent for agent in range(self.n_agents) if agent not in self.absent]
 
 
 @dataclass(frozen=True)

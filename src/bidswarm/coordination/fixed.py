@@ -8,14 +8,26 @@ from bidswarm.coordination.base import CoordinationRule, Decision, Situation
 
 
 class RoundRobin(CoordinationRule):
-    """Agent ``decision mod N`` acts: the fixed rotation of hand-designed pipelines."""
+    """Agent ``decision mod N`` acts: the fixed rotation of hand-designed pipelines. An absent
+    agent is skipped: the next present one in the rotation acts (none present: the step is
+    skipped)."""
 
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
-        return [Decision(actor=s.decision % s.n_agents) for s in situations]
+        return [Decision(actor=self._next_present(s)) for s in situations]
+
+    @staticmethod
+    def _next_present(situation: Situation) -> int | None:
+        n = situation.n_agents
+        for offset in range(n):
+            agent = (situation.decision + offset) % n
+            if agent not in situation.absent:
+                return agent
+        return None
 
 
 class Monolithic(CoordinationRule):
-    """A population of one agent that owns every role's actions acts every step."""
+    """A population of one agent that owns every role's actions acts every step; when it has
+    dropped out, the step is wasted (skipped)."""
 
     monolithic = True
 
@@ -23,4 +35,4 @@ class Monolithic(CoordinationRule):
         for situation in situations:
             if situation.n_agents != 1:
                 raise ValueError(f"monolithic coordination needs 1 agent, got {situation.n_agents}")
-        return [Decision(actor=0) for _ in situations]
+        return [Decision(actor=None if 0 in s.absent else 0) for s in situations]

@@ -27,15 +27,18 @@ from collections.abc import Sequence
 from bidswarm.coordination.base import CoordinationRule, Decision, Situation
 
 
-def peer_scores(scores: Sequence[Sequence[float]]) -> list[float]:
-    """Mean score of each proposal over the other agents (``scores[scorer][proposer]``).
+def peer_scores(
+    scores: Sequence[Sequence[float]], present: Sequence[int] | None = None
+) -> list[float]:
+    """Mean score of each present agent's proposal over the other present agents
+    (``scores[scorer][proposer]``), in the order of ``present`` (default: every agent).
 
     A single agent has no peers: its own score stands.
     """
-    n = len(scores)
-    if n == 1:
-        return [scores[0][0]]
-    return [sum(scores[j][i] for j in range(n) if j != i) / (n - 1) for i in range(n)]
+    agents = list(range(len(scores))) if present is None else list(present)
+    if len(agents) == 1:
+        return [scores[agents[0]][agents[0]]]
+    return [sum(scores[j][i] for j in agents if j != i) / (len(agents) - 1) for i in agents]
 
 
 def best_proposal(values: list[float], rng: random.Random) -> int:
@@ -45,9 +48,18 @@ def best_proposal(values: list[float], rng: random.Random) -> int:
 
 
 class GraphOfAgents(CoordinationRule):
-    """Every agent proposes an action, agents score each other's proposals, the best acts."""
+    """Every present agent proposes an action, the present agents score each other's proposals,
+    the best acts (nobody present: the step is skipped)."""
 
     asks_proposals = True
 
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
-        return [Decision(actor=best_proposal(peer_scores(s.peer_scores), rng)) for s in situations]
+        decisions = []
+        for s in situations:
+            present = s.present
+            if not present:
+                decisions.append(Decision(actor=None))
+                continue
+            best = best_proposal(peer_scores(s.peer_scores, present), rng)
+            decisions.append(Decision(actor=present[best]))
+        return decisions

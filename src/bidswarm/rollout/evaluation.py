@@ -8,7 +8,7 @@ from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
 from bidswarm.rollout.metrics import episode_metrics
 from bidswarm.rollout.records import Episode
 from bidswarm.rollout.usage import Usage
-from bidswarm.statistics import per_world_means, summarize
+from bidswarm.statistics import pass_at_k_over_worlds, per_world_means, summarize
 
 
 @dataclass
@@ -53,4 +53,24 @@ def evaluate(
         "reward/ci_high": reward.ci_high,
         "worlds": float(reward.n),
     }
+    metrics |= pass_at_k_metrics(episodes, runs_per_seed)
     return Evaluation(metrics, episodes, world_rewards, usage)
+
+
+def pass_at_k_metrics(episodes: list[Episode], runs_per_seed: int) -> dict[str, float]:
+    """``pass@<k>/mean|se|ci_low|ci_high`` of task success for k = 1..runs_per_seed: the
+    unbiased estimator per world from its ``runs_per_seed`` attempts, 95% t interval over
+    worlds. Every task's episodes report ``success`` (crafting: the target obtained;
+    navigation: stopped within the success distance; research: a correct answer)."""
+    successes = [e.metrics["success"] for e in episodes]
+    worlds = [e.seed for e in episodes]
+    metrics = {}
+    for k in range(1, runs_per_seed + 1):
+        summary, _ = pass_at_k_over_worlds(successes, worlds, k)
+        metrics |= {
+            f"pass@{k}/mean": summary.mean,
+            f"pass@{k}/se": summary.se,
+            f"pass@{k}/ci_low": summary.ci_low,
+            f"pass@{k}/ci_high": summary.ci_high,
+        }
+    return metrics

@@ -48,11 +48,21 @@ class RolloutLoop:
     """Runs a swarm in many environments at once; one generation batch per agent per phase."""
 
     def __init__(
-        self, make_env: Callable[[], TextEnv], swarm: Swarm, coordination: CoordinationRule
+        self,
+        make_env: Callable[[], TextEnv],
+        swarm: Swarm,
+        coordination: CoordinationRule,
+        dropout: float = 0.0,
     ):
+        """``dropout``: the probability that each agent is absent at each decision step of each
+        env, drawn independently from the loop's ``rng`` (0: never drawn, so the rollouts are
+        exactly those without dropout). Absent agents neither bid, propose nor act."""
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout={dropout}: must lie in [0, 1]")
         self.make_env = make_env
         self.swarm = swarm
         self.coordination = coordination
+        self.dropout = dropout
         self._pool: list[TextEnv] = []
 
     def envs(self, n: int) -> list[TextEnv]:
@@ -100,7 +110,7 @@ class RolloutLoop:
                 first_actors = None
             else:
                 live_episodes = [episodes[i] for i in live]
-                situations, bids, actions = self._gather(live_envs, live_episodes, generator)
+                situations, bids, actions = self._gather(live_envs, live_episodes, generator, rng)
                 decisions = self.coordination.decide(situations, rng)
                 actions = self._proposed_actions(decisions, actions)
             self._generate_actions(live_envs, decisions, actions, generator)
@@ -116,11 +126,23 @@ class RolloutLoop:
             live = [i for i in live if not envs[i].done]
 
     # -- what the rule decides from ------------------------------------------------------------
+    def absent_agents(self, rng: random.Random) -> frozenset[int]:
+        """The agents that drop out at one step of one env (each with probability
+        ``dropout``); draws nothing from ``rng`` without dropout."""
+        if self.dropout == 0.0:
+            return frozenset()
+        return frozenset(a for a in range(self.swarm.n_agents) if rng.random() < self.dropout)
+
     def _gather(
-        self, envs: list[TextEnv], episodes: list[Episode], generator: torch.Generator
-    ) -> tuple[list[Situation], list[dict[int, Bid]], list[list[Reply]]]:
+        self,
+        envs: list[TextEnv],
+        episodes: list[Episode],
+        generator: torch.Generator,
+        rng: random.Random,
+    ) -> tuple[list[Situation], list[dict[int, Bid]], list[list[Reply | None]]]:
         """The rule's situation in each env, the bids sampled for it, and (for rules that ask
-        for proposals) every agent's proposed action in each env, ``[env][agent]``."""
+        for proposals) every present agent's proposed action in each env, ``[env][agent]``
+        (None for an absent agent)."""
         rule = self.coordination
         situations = [
             Situation(
@@ -128,6 +150,7 @@ class RolloutLoop:
                 decision=env.decisions_made,
                 previous_actor=episode.steps[-1].actor if episode.steps else None,
                 observation=env.observation(MONOLITHIC) if rule.reads_observations else "",
+                absent=self.absent_agents(rng),
             )
             for env, episode in zip(envs, episodes, strict=True)
         ]
@@ -138,9 +161,10 @@ class RolloutLoop:
                 replace(s, bids={agent: bid.level for agent, bid in env_bids.items()})
                 for s, env_bids in zip(situations, bids, strict=True)
             ]
-        proposals: list[list[Reply]] = [[] for _ in envs]
+        proposals: list[list[Reply | None]] = [[] for _ in envs]
         if rule.asks_proposals:
-            proposals, scores = self._propose(envs, generator)
+            present = [s.present for s in situations]
+            proposals, scores = self._propose(envs, present, generator)
             situations = [
                 replace(s, peer_scores=env_scores)
                 for s, env_scores in zip(situations, scores, strict=True)
@@ -161,29 +185,41 @@ class RolloutLoop:
         return bids
 
     def _propose(
-        self, envs: list[TextEnv], generator: torch.Generator
-    ) -> tuple[list[list[Reply]], list[tuple[tuple[float, ...], ...]]]:
-        """Every agent's proposed action in every env (one batch per agent), and per env the
-        scores ``[scorer][proposer]`` of every proposal by every other agent (one scoring
-        batch per scorer; a lone agent scores its own)."""
+        self, envs: list[TextEnv], present: list[list[int]], generator: torch.Generator
+    ) -> tuple[list[list[Reply | None]], list[tuple[tuple[float, ...], ...]]]:
+        """Every present agent's proposed action in every env (``present[env]``; one batch per
+        agent), and per env the scores ``[scorer][proposer]`` of every proposal by every other
+        present agent (one scoring batch per scorer; a lone agent scores its own)."""
         n = self.swarm.n_agents
-        by_agent = [self.swarm.act(agent, envs, generator) for agent in range(n)]
+        proposals: list[list[Reply | None]] = [[None] * n for _ in envs]
+        for agent in range(n):
+            positions = [e for e in range(len(envs)) if agent in present[e]]
+            if positions:
+                replies = self.swarm.act(agent, [envs[e] for e in positions], generator)
+                for e, reply in zip(positions, replies, strict=True):
+                    proposals[e][agent] = reply
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
         for scorer in range(n):
-            proposers = [p for p in range(n) if p != scorer] if n > 1 else [scorer]
-            rows = [(e, p) for e in range(len(envs)) for p in proposers]
+            rows = [
+                (e, p)
+                for e in range(len(envs))
+                if scorer in present[e]
+                for p in present[e]
+                if p != scorer or len(present[e]) == 1
+            ]
+            if not rows:
+                continue
             values = self.swarm.score(
-                scorer, [envs[e] for e, _ in rows], [by_agent[p][e] for e, p in rows]
+                scorer, [envs[e] for e, _ in rows], [proposals[e][p] for e, p in rows]
             )
             for (e, p), value in zip(rows, values, strict=True):
                 scores[e][scorer][p] = value
-        proposals = [[by_agent[agent][e] for agent in range(n)] for e in range(len(envs))]
         return proposals, [tuple(tuple(row) for row in env_scores) for env_scores in scores]
 
     # -- acting --------------------------------------------------------------------------------
     @staticmethod
     def _proposed_actions(
-        decisions: list[Decision], proposals: list[list[Reply]]
+        decisions: list[Decision], proposals: list[list[Reply | None]]
     ) -> list[Reply | None]:
         """The acting proposal of each env, when the rule asked for proposals."""
         return [

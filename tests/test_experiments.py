@@ -1,0 +1,193 @@
+"""The machinery of PAPER.md section 8's remaining experiments: pass@k, replicas of a trained
+swarm, dropout at evaluation, adaptation from a trained run's checkpoint (``init_from=``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bidswarm.coordination.agentnet import AgentNet
+from bidswarm.coordination.auction import Auction
+from bidswarm.coordination.fixed import Monolithic, RoundRobin
+from bidswarm.coordination.graph_of_agents import GraphOfAgents
+from bidswarm.envs import make_env
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.statistics import pass_at_k, pass_at_k_over_worlds
+from test_coordination import build_swarm, seeded, situation, task
+from test_train import read_state, run_cli
+
+# -- pass@k ---------------------------------------------------------------------------------
+
+
+def test_pass_at_k_matches_hand_computed_cases():
+    assert pass_at_k(3, 0, 1) == 0.0
+    assert pass_at_k(3, 3, 1) == 1.0
+    assert pass_at_k(3, 1, 1) == pytest.approx(1 / 3)
+    assert pass_at_k(3, 1, 2) == pytest.approx(2 / 3)  # 1 - C(2,2)/C(3,2) = 1 - 1/3
+    assert pass_at_k(3, 1, 3) == 1.0
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(10, 3, 4) == pytest.approx(1 - 35 / 210)  # 1 - C(7,4)/C(10,4)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_pass_at_k_over_worlds_averages_worlds_not_attempts():
+    # world 1: 1 of 2 succeed; world 2: 0 of 4 (more attempts must not weigh more)
+    successes = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    worlds = [1, 1, 2, 2, 2, 2]
+    summary, per_world = pass_at_k_over_worlds(successes, worlds, 1)
+    assert per_world == {1: 0.5, 2: 0.0}
+    assert summary.mean == pytest.approx(0.25) and summary.n == 2
+    summary2, per_world2 = pass_at_k_over_worlds(successes, worlds, 2)
+    assert per_world2 == {1: 1.0, 2: 0.0} and summary2.mean == pytest.approx(0.5)
+
+
+# -- dropout: rules route around absent agents ----------------------------------------------
+
+
+def test_absent_agents_neither_win_the_auction_nor_are_asked_to_bid():
+    s = situation(bids={0: 0.2, 2: 0.4}, absent=frozenset({1}))
+    assert Auction().bidders(s) == [0, 2]
+    decision = Auction().decide([s], random.Random(0))[0]
+    assert decision.actor == 2 and decision.runner_up == 0
+    everyone_gone = situation(absent=frozenset({0, 1, 2}))
+    assert Auction().bidders(everyone_gone) == []
+    assert Auction().decide([everyone_gone], random.Random(0))[0].actor is None
+
+
+def test_round_robin_skips_absent_agents_and_monolithic_wastes_the_step():
+    assert RoundRobin().decide([situation(decision=4, absent=frozenset({1}))], None)[0].actor == 2
+    assert RoundRobin().decide([situation(decision=2, absent=frozenset({2}))], None)[0].actor == 0
+    gone = situation(decision=0, absent=frozenset({0, 1, 2}))
+    assert RoundRobin().decide([gone], None)[0].actor is None
+    assert Monolithic().decide([situation(n=1, absent=frozenset({0}))], None)[0].actor is None
+    assert Monolithic().decide([situation(n=1)], None)[0].actor == 0
+
+
+def test_graph_of_agents_and_agentnet_pick_only_present_agents():
+    # agent 1's proposal would be best, but it is absent
+    scores = ((0.0, -0.1, -5.0), (-5.0, 0.0, -5.0), (-5.0, -0.1, 0.0))
+    s = situation(peer_scores=scores, absent=frozenset({1}))
+    assert GraphOfAgents().decide([s], random.Random(0))[0].actor in (0, 2)
+    rule = AgentNet()
+    held = situation(decision=3, previous_actor=1, absent=frozenset({1, 2}))
+    assert rule.bidders(held) == []  # an absent holder does not route
+    assert rule.decide([held], random.Random(0))[0].actor == 0
+    assert rule.decide([situation(absent=frozenset({0, 1, 2}))], random.Random(0))[0].actor is None
+
+
+# -- dropout in the loop ---------------------------------------------------------------------
+
+
+def play(dropout: float | None, rule=None):
+    swarm = build_swarm(seed=1)
+    rule = rule or Auction()
+    if dropout is None:
+        loop = RolloutLoop(lambda: make_env(task()), swarm, rule)
+    else:
+        loop = RolloutLoop(lambda: make_env(task()), swarm, rule, dropout=dropout)
+    return loop.run([0, 1, 2], random.Random(3), seeded(3)), swarm
+
+
+def trace(episodes):
+    return [
+        [(s.actor, s.action.text if s.action else None, s.reward) for s in e.steps]
+        for e in episodes
+    ]
+
+
+def test_dropout_zero_equals_no_dropout():
+    plain, _ = play(None)
+    zero, _ = play(0.0)
+    assert trace(plain) == trace(zero)
+
+
+@pytest.mark.parametrize("rule", [Auction(), RoundRobin(), GraphOfAgents()])
+def test_dropout_one_skips_every_step_and_asks_nobody(rule):
+    episodes, swarm = play(1.0, rule)
+    assert all(len(e.steps) == 6 for e in episodes)
+    assert all(step.actor is None for e in episodes for step in e.steps)
+    assert swarm.usage.bids_made == 0 and swarm.usage.actions_made == 0
+    assert swarm.usage.rollout_tokens == 0
+
+
+def test_dropout_changes_who_acts_but_only_present_agents_act():
+    episodes, _ = play(0.8, RoundRobin())  # the untrained auction's bids are mostly 0
+    actors = [s.actor for e in episodes for s in e.steps]
+    assert any(a is None for a in actors) and any(a is not None for a in actors)
+    with pytest.raises(ValueError, match="dropout"):
+        RolloutLoop(lambda: make_env(task()), build_swarm(), Auction(), dropout=1.5)
+
+
+# -- replicas of a trained swarm -------------------------------------------------------------
+
+
+def test_replicas_are_distinct_parameter_copies_in_role_order():
+    population = build_swarm().population
+    replicated = population.replicate(3)
+    assert replicated.roles == [r for r in population.roles for _ in range(3)]
+    for index, agent in enumerate(replicated.agents):
+        source = population.agents[index // 3]
+        for (name, p), (_, q) in zip(
+            agent.named_parameters(), source.named_parameters(), strict=True
+        ):
+            assert torch.equal(p, q), name
+            assert p.data_ptr() != q.data_ptr(), name
+    first = next(replicated.agents[0].parameters())
+    with torch.no_grad():
+        first.add_(1.0)
+    assert not torch.equal(first, next(replicated.agents[1].parameters()))
+    assert population.replicate(1) is population
+
+
+# -- adaptation: init_from ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_adaptation_starts_from_the_source_checkpoint_not_sft(tmp_path):
+    source = run_cli(tmp_path, "debug=smoke", name="source")
+    adapted = run_cli(
+        tmp_path,
+        "debug=smoke",
+        "task=crafting_torch",
+        "task.max_decisions=12",
+        f"init_from={source}",
+        "sft.enabled=false",
+        "rl.cycles=1",
+        name="adapted",
+    )
+    assert read_state(adapted)["sft_done"]
+    for agent in ("agent0_logger", "agent1_miner", "agent2_smith"):
+        start = load_file(adapted / "sft" / agent / "model.safetensors")
+        trained = load_file(source / "final" / agent / "model.safetensors")
+        cold = load_file(source / "sft" / agent / "model.safetensors")
+        assert all(torch.equal(start[k], trained[k]) for k in trained)
+        assert any(not torch.equal(start[k], cold[k]) for k in cold)
+
+
+def test_init_from_is_refused_before_any_model_loads(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.train",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        f"init_from={tmp_path / 'nothing'}",
+        "sft.enabled=false",
+        "logger=csv",
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "init_from=" in result.stdout + result.stderr
+    assert not (tmp_path / "run").exists()
+    result = subprocess.run(
+        [*command[:-2], "logger=csv"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert "sft.enabled=false" in result.stdout + result.stderr
