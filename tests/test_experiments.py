@@ -191,3 +191,26 @@ def test_init_from_is_refused_before_any_model_loads(tmp_path):
         [*command[:-2], "logger=csv"], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert "sft.enabled=false" in result.stdout + result.stderr
+
+
+# -- participation at fixed decisions --------------------------------------------------------
+
+
+def test_participation_at_decisions_counts_who_acted_at_that_decision():
+    from bidswarm.coordination.base import Decision
+    from bidswarm.rollout.metrics import participation_at_decisions
+    from bidswarm.rollout.records import Episode, StepRecord
+
+    def episode(actors):
+        e = Episode(seed=0)
+        e.steps = [StepRecord(i, Decision(actor=a), {}, None) for i, a in enumerate(actors)]
+        return e
+
+    long = episode([0] * 9 + [1] + [2] * 19 + [None])  # 30 decisions
+    short = episode([0] * 9 + [2] + [0] * 2)  # 12 decisions
+    metrics = participation_at_decisions([long, short], ["logger", "miner", "smith"])
+    assert metrics["participation_at/10/miner"] == 0.5
+    assert metrics["participation_at/10/smith"] == 0.5
+    assert metrics["participation_at/30/logger"] == 0.0  # only `long` got there, and skipped
+    assert metrics["participation_at/last/logger"] == 0.5
+    assert "participation_at/30/miner" in metrics

@@ -34,8 +34,36 @@ def episode_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[st
     for role in sorted({role_name(role) for role in roles}):
         metrics[f"participation/{role}"] = acting[role] / max(total_acting, 1)
     metrics["skipped_fraction"] = (steps - total_acting) / max(steps, 1)
+    metrics |= participation_at_decisions(episodes, roles)
     contested = sum(s.contested for e in episodes for s in e.steps)
     metrics["contested_fraction"] = contested / max(total_acting, 1)
+    return metrics
+
+
+PARTICIPATION_DECISIONS = (10, 30)
+"""Decision numbers (1-based) at which the share of each role acting is logged, besides the
+last decision of each episode (PAPER.md section 8 reports decision 120, the last)."""
+
+
+def participation_at_decisions(
+    episodes: list[Episode], roles: list[str | None]
+) -> dict[str, float]:
+    """``participation_at/<d>/<role>``: among the episodes that reached decision ``d`` (the 10th,
+    the 30th; ``last``: each episode's last decision), the share in which ``role`` acted at it
+    (the remainder skipped the step)."""
+    names = sorted({role_name(role) for role in roles})
+    picks: dict[str, list] = {
+        str(d): [e.steps[d - 1] for e in episodes if len(e.steps) >= d]
+        for d in PARTICIPATION_DECISIONS
+    }
+    picks["last"] = [e.steps[-1] for e in episodes if e.steps]
+    metrics = {}
+    for label, steps in picks.items():
+        if not steps:
+            continue
+        acting = Counter(role_name(roles[s.actor]) for s in steps if s.actor is not None)
+        for role in names:
+            metrics[f"participation_at/{label}/{role}"] = acting[role] / len(steps)
     return metrics
 
 
