@@ -278,8 +278,8 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     )
     for k in range(1, runs + 1):
         print(
-            f"[bidswarm] pass@{k} {metrics[f'pass@{k}/mean']:.3f} (95% CI "
-            f"{metrics[f'pass@{k}/ci_low']:.3f} .. {metrics[f'pass@{k}/ci_high']:.3f})",
+            f"[bidswarm] pass@{k} {metrics[f'pass_at_{k}/mean']:.3f} (95% CI "
+            f"{metrics[f'pass_at_{k}/ci_low']:.3f} .. {metrics[f'pass_at_{k}/ci_high']:.3f})",
             flush=True,
         )
     return metrics

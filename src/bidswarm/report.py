@@ -75,6 +75,8 @@ class RunResult:
     """A training run's held-out per-world rewards before RL (after SFT), if measured."""
     participation: dict[str, dict[str, float]] = field(default_factory=dict)
     """``before`` / ``after`` -> role -> share of acting steps on the held-out worlds."""
+    outcomes: dict[str, float] = field(default_factory=dict)
+    """An evaluation run's success, pass@k, agents and FLOPs per decision (:data:`OUTCOMES`)."""
 
 
 @dataclass
@@ -179,6 +181,12 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             flops,
             training_seed=seed,
             world_rewards=read_world_rewards(client, run.info.run_id, "eval"),
+            outcomes={
+                name.removeprefix("eval/"): value
+                for name, value in metrics.items()
+                if name.removeprefix("eval/") in OUTCOMES
+                or (name.startswith("eval/pass_at_") and name.endswith("/mean"))
+            },
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith("participation/"))
@@ -202,6 +210,53 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
         participation=participation,
     )
+
+
+OUTCOMES = ("agents", "task/success", "flops_per_decision")
+"""Evaluation metrics besides the reward that the outcome table shows (with ``pass@<k>/mean``)."""
+
+
+def outcome_table(groups: dict[str, list[RunResult]]) -> str:
+    """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
+    the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds)
+    and the FLOPs per decision; empty when no run logged them."""
+    rows = {s: [r.outcomes for r in rs if r.outcomes] for s, rs in groups.items()}
+    rows = {s: outcomes for s, outcomes in rows.items() if outcomes}
+    if not rows:
+        return ""
+    ks = sorted(
+        {
+            int(key.removeprefix("pass_at_").split("/")[0])
+            for o in rows.values()
+            for run in o
+            for key in run
+            if key.startswith("pass_at_")
+        }
+    )
+    columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
+    header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks), "FLOPs/decision", "runs"]
+    lines = [
+        "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
+        "runs, mean over worlds per training run; here mean ± SE over the training runs), and "
+        "the evaluation's FLOPs per decision (bids and actions of every agent).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for strategy, outcomes in rows.items():
+        cells = [strategy, f"{outcomes[0].get('agents', float('nan')):.0f}"]
+        for column in columns:
+            values = [o[column] for o in outcomes if column in o]
+            if not values:
+                cells.append("")
+                continue
+            summary = statistics.summarize(values)
+            cells.append(f"{100 * summary.mean:.1f}% ± {100 * summary.se:.1f}")
+        flops = [o["flops_per_decision"] for o in outcomes if "flops_per_decision" in o]
+        cells.append(f"{sum(flops) / len(flops):.3g}" if flops else "")
+        cells.append(str(len(outcomes)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
@@ -497,7 +552,8 @@ def write_report(
     if len(rows) > 1:
         base = reference_strategy(rows, reference)
         sections.append(difference_table(paired_differences(rows, base), base))
-    sections += [table for table in (rl_gain_table(groups), participation_table(groups)) if table]
+    tables = (rl_gain_table(groups), participation_table(groups), outcome_table(groups))
+    sections += [table for table in tables if table]
     sections += [
         "![reward vs training FLOPs](reward_vs_flops.png)",
         "![participation share per role](participation.png)",

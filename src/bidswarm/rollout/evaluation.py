@@ -58,7 +58,8 @@ def evaluate(
 
 
 def pass_at_k_metrics(episodes: list[Episode], runs_per_seed: int) -> dict[str, float]:
-    """``pass@<k>/mean|se|ci_low|ci_high`` of task success for k = 1..runs_per_seed: the
+    """``pass_at_<k>/mean|se|ci_low|ci_high`` (pass@k; MLflow names take no ``@``) of task
+    success for k = 1..runs_per_seed: the
     unbiased estimator per world from its ``runs_per_seed`` attempts, 95% t interval over
     worlds. Every task's episodes report ``success`` (crafting: the target obtained;
     navigation: stopped within the success distance; research: a correct answer)."""
@@ -68,9 +69,9 @@ def pass_at_k_metrics(episodes: list[Episode], runs_per_seed: int) -> dict[str, 
     for k in range(1, runs_per_seed + 1):
         summary, _ = pass_at_k_over_worlds(successes, worlds, k)
         metrics |= {
-            f"pass@{k}/mean": summary.mean,
-            f"pass@{k}/se": summary.se,
-            f"pass@{k}/ci_low": summary.ci_low,
-            f"pass@{k}/ci_high": summary.ci_high,
+            f"pass_at_{k}/mean": summary.mean,
+            f"pass_at_{k}/se": summary.se,
+            f"pass_at_{k}/ci_low": summary.ci_low,
+            f"pass_at_{k}/ci_high": summary.ci_high,
         }
     return metrics
