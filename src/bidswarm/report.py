@@ -189,7 +189,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             },
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
-    keys += sorted(k for k in metrics if k.startswith("participation/"))
+    keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
     participation = {
         when: {
             key.rsplit("/", 1)[1]: value
@@ -198,6 +198,13 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         }
         for when in ("before", "after")
     }
+    for when in ("before", "after"):
+        prefix = f"eval_{when}/participation_at/"
+        participation[f"{when}_at"] = {
+            key.removeprefix(prefix): value
+            for key, value in metrics.items()
+            if key.startswith(prefix)
+        }
     return RunResult(
         run.info.run_id,
         strategy,
@@ -530,6 +537,71 @@ def plot_participation(groups: dict[str, list[RunResult]], path: Path) -> Path:
     return path
 
 
+def participation_at_table(groups: dict[str, list[RunResult]]) -> str:
+    """Who acts at fixed decisions (``participation_at/<d>/<role>``) on the held-out worlds,
+    after SFT -> after RL, mean over runs; empty when no run logged it."""
+    lines = []
+    for strategy, results in groups.items():
+        before = [r.participation.get("before_at", {}) for r in results]
+        after = [r.participation.get("after_at", {}) for r in results]
+        keys = sorted({k for p in after for k in p})
+        if not keys:
+            continue
+        for label in sorted({k.split("/")[0] for k in keys}, key=lambda x: (x == "last", x)):
+            parts = []
+            for key in (k for k in keys if k.split("/")[0] == label):
+                b = [p[key] for p in before if key in p]
+                a = [p[key] for p in after if key in p]
+                shown = f"{100 * sum(b) / len(b):.0f}% → " if b else ""
+                parts.append(f"{key.split('/')[1]} {shown}{100 * sum(a) / len(a):.0f}%")
+            lines.append(f"| {strategy} | {label} | {'; '.join(parts)} | {len(results)} |")
+    if not lines:
+        return ""
+    head = [
+        "Who acts at a fixed decision on the held-out worlds (share of episodes in which the "
+        "role acted there; the rest skipped it), after SFT → after RL, mean over runs.",
+        "",
+        "| strategy | decision | participation | runs |",
+        "|---|---|---|---|",
+    ]
+    return "\n".join(head + lines)
+
+
+def plot_participation_at(groups: dict[str, list[RunResult]], path: Path) -> Path | None:
+    """Share of training episodes in which each role acts at the 10th / 30th / last decision,
+    over the updates: one panel per (strategy, decision). None when no run logged it."""
+    panels = []
+    for strategy, results in groups.items():
+        labels = sorted(
+            {
+                k.split("/")[1]
+                for r in results
+                for k in r.curves
+                if k.startswith("participation_at/")
+            },
+            key=lambda x: (x == "last", x),
+        )
+        panels += [(strategy, label, results) for label in labels]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5), squeeze=False)
+    for ax, (strategy, label, results) in zip(axes[0], panels, strict=True):
+        prefix = f"participation_at/{label}/"
+        for key in sorted({k for r in results for k in r.curves if k.startswith(prefix)}):
+            share, _ = aligned_mean_and_se([r.curves[key] for r in results if r.curves.get(key)])
+            ax.plot(range(len(share)), share, label=key.removeprefix(prefix))
+        ax.set_title(f"{strategy}: decision {label}", fontsize=9)
+        ax.set_xlabel("update")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("share of episodes acting")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_report(
     client: MlflowClient,
     parent: str | None,
@@ -552,8 +624,15 @@ def write_report(
     if len(rows) > 1:
         base = reference_strategy(rows, reference)
         sections.append(difference_table(paired_differences(rows, base), base))
-    tables = (rl_gain_table(groups), participation_table(groups), outcome_table(groups))
+    tables = (
+        rl_gain_table(groups),
+        participation_table(groups),
+        participation_at_table(groups),
+        outcome_table(groups),
+    )
     sections += [table for table in tables if table]
+    if plot_participation_at(groups, out / "participation_at.png") is not None:
+        sections.append("![participation at fixed decisions](participation_at.png)")
     sections += [
         "![reward vs training FLOPs](reward_vs_flops.png)",
         "![participation share per role](participation.png)",
