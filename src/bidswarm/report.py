@@ -41,6 +41,7 @@ import matplotlib.pyplot as plt
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from bidswarm import statistics, tracking
 
@@ -124,7 +125,31 @@ def find_runs(client: MlflowClient, parent: str | None, experiment: str | None) 
     if found is None:
         raise SystemExit(f"no MLflow experiment named {experiment!r}")
     runs = client.search_runs([found.experiment_id])
-    return [run for run in runs if tracking.SWEEP_TAG not in run.data.tags]
+    return [
+        run
+        for run in runs
+        if tracking.SWEEP_TAG not in run.data.tags and run.data.tags.get(KIND_TAG) != REPORT_KIND
+    ]
+
+
+KIND_TAG = "bidswarm.kind"
+REPORT_KIND = "report"
+"""Runs tagged ``bidswarm.kind=report`` hold a report's markdown and figures, no result."""
+
+
+def log_report(client: MlflowClient, experiment: str, out: Path) -> str:
+    """The report's markdown and PNG figures as the artifacts of a run of ``experiment``
+    (tagged as a report, so the next report leaves it out)."""
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    run = client.create_run(
+        experiment_id,
+        run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
+        tags={KIND_TAG: REPORT_KIND},
+    )
+    for path in sorted(out.glob("*.png")) + [out / "report.md"]:
+        client.log_artifact(run.info.run_id, str(path), "report")
+    client.set_terminated(run.info.run_id)
+    return run.info.run_id
 
 
 def seed_of(params: dict[str, str], run_name: str) -> int | None:
@@ -158,6 +183,14 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[float]:
     return [m.value for m in points]
 
 
+def folder_seed(run_dir: str | None) -> int | None:
+    """The ``seed`` in a training run folder's ``resolved_config.yaml`` (None: no such file)."""
+    config = Path(run_dir) / "resolved_config.yaml" if run_dir else None
+    if config is None or not config.is_file():
+        return None
+    return OmegaConf.load(config).get("seed")
+
+
 def read_run(client: MlflowClient, run: Run) -> RunResult:
     metrics = run.data.metrics
     strategy = strategy_of(run.info.run_name or "")
@@ -173,6 +206,8 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             if trained is not None:
                 flops = trained.data.metrics.get("flops/total")
                 seed = seed_of(trained.data.params, trained.info.run_name or "")
+        if seed is None:  # the source run logged elsewhere: its folder's config says the seed
+            seed = folder_seed(run.data.tags.get("bidswarm.source_run_dir"))
         return RunResult(
             run.info.run_id,
             strategy,
@@ -669,6 +704,9 @@ def main(argv: list[str] | None = None) -> None:
     text = write_report(client, args.parent, args.experiment, args.out, args.reference)
     print(text)
     print(f"\n[bidswarm] report written to {args.out}/report.md")
+    if args.experiment is not None:
+        run_id = log_report(client, args.experiment, args.out)
+        print(f"[bidswarm] report and figures logged to MLflow run {run_id}")
     if args.results is not None:
         name = args.experiment or f"sweep-{args.parent}"
         update_results(args.results, name, text, args.out, " ".join(sys.argv))
