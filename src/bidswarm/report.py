@@ -146,7 +146,7 @@ def log_report(client: MlflowClient, experiment: str, out: Path) -> str:
         run_name=f"report {time.strftime('%Y-%m-%d %H:%M')}",
         tags={KIND_TAG: REPORT_KIND},
     )
-    for path in sorted(out.glob("*.png")) + [out / "report.md"]:
+    for path in [*sorted(out.glob("*.png")), out / "report.md"]:
         client.log_artifact(run.info.run_id, str(path), "report")
     client.set_terminated(run.info.run_id)
     return run.info.run_id
