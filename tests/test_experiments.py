@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from bidswarm.coordination.agentnet import AgentNet
 from bidswarm.coordination.auction import Auction
@@ -149,6 +149,12 @@ def test_replicas_are_distinct_parameter_copies_in_role_order():
 @pytest.mark.slow
 def test_adaptation_starts_from_the_source_checkpoint_not_sft(tmp_path):
     source = run_cli(tmp_path, "debug=smoke", name="source")
+    # Mark the source's final weights, so that they differ from its SFT weights and from any
+    # fresh initialisation whatever the smoke run's RL did.
+    agents = ("agent0_logger", "agent1_miner", "agent2_smith")
+    for agent in agents:
+        path = source / "final" / agent / "model.safetensors"
+        save_file({k: v + 0.25 for k, v in load_file(path).items()}, path)
     adapted = run_cli(
         tmp_path,
         "debug=smoke",
@@ -160,7 +166,7 @@ def test_adaptation_starts_from_the_source_checkpoint_not_sft(tmp_path):
         name="adapted",
     )
     assert read_state(adapted)["sft_done"]
-    for agent in ("agent0_logger", "agent1_miner", "agent2_smith"):
+    for agent in agents:
         start = load_file(adapted / "sft" / agent / "model.safetensors")
         trained = load_file(source / "final" / agent / "model.safetensors")
         cold = load_file(source / "sft" / agent / "model.safetensors")
