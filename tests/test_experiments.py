@@ -220,3 +220,11 @@ def test_participation_at_decisions_counts_who_acted_at_that_decision():
     assert metrics["participation_at/30/logger"] == 0.0  # only `long` got there, and skipped
     assert metrics["participation_at/last/logger"] == 0.5
     assert "participation_at/30/miner" in metrics
+
+
+@pytest.mark.slow
+def test_flop_budget_ends_rl_once_spent(tmp_path):
+    run_dir = run_cli(tmp_path, "debug=smoke", "rl.cycles=3", "rl.flop_budget=1.0", "logger=csv")
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert len(checkpoint["bidswarm"]["history"]) == 1  # of 6 scheduled updates
+    assert "eval_after" in read_state(run_dir)  # a spent budget finishes the run
