@@ -25,7 +25,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from bidswarm import tracking
+from bidswarm import console, tracking
 from bidswarm.agents.population import Population
 from bidswarm.config import (
     CoordinationConfig,
@@ -72,6 +72,8 @@ class EvaluateConfig:
     model: Any = None
     coordination: Any = None
     logger: LoggerConfig = MISSING
+    verbose: bool = False
+    """Show the libraries' console output too (otherwise it goes to the job's log file only)."""
     output_dir: str = "${hydra:runtime.output_dir}"
 
 
@@ -268,25 +270,24 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     worlds_file.write_text(json.dumps(worlds, indent=1) + "\n")
     if cfg.logger.name == "mlflow":
         log_to_mlflow(cfg, metrics, worlds_file)
-    print(
+    console.say(
         f"[bidswarm] held-out reward {metrics['reward/mean']:.2f} +- {metrics['reward/se']:.2f} "
         f"(95% CI {metrics['reward/ci_low']:.2f} .. {metrics['reward/ci_high']:.2f}) "
         f"over {len(seeds)} worlds x {runs} runs (coordination="
         f"{cfg.coordination.name}, bids={cfg.bids_from}, actions={cfg.actions_from}, "
-        f"{loop.swarm.n_agents} agents, dropout {cfg.dropout:g})",
-        flush=True,
+        f"{loop.swarm.n_agents} agents, dropout {cfg.dropout:g})"
     )
     for k in range(1, runs + 1):
-        print(
+        console.say(
             f"[bidswarm] pass@{k} {metrics[f'pass_at_{k}/mean']:.3f} (95% CI "
-            f"{metrics[f'pass_at_{k}/ci_low']:.3f} .. {metrics[f'pass_at_{k}/ci_high']:.3f})",
-            flush=True,
+            f"{metrics[f'pass_at_{k}/ci_low']:.3f} .. {metrics[f'pass_at_{k}/ci_high']:.3f})"
         )
     return metrics
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float:
+    console.configure(cfg.verbose)
     cfg = resolve_from_run(cfg)
     validate_evaluation(cfg)
     if cfg.model.torch_threads:
