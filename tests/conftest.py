@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,19 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+
+
+def sweep_command(sweep_dir: Path, *overrides: str) -> list[str]:
+    """``python -m bidswarm.train -m <overrides>`` with its sweep folder ``sweep_dir``."""
+    return [
+        sys.executable,
+        "-m",
+        "bidswarm.train",
+        "-m",
+        *overrides,
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
+
 
 # Two cores shared by everything on CI: one intra-op thread keeps tests predictable.
 torch.set_num_threads(1)

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bidswarm import report
-from conftest import ROOT
+from conftest import ROOT, sweep_command
 
 
 def test_overrides_every_run_shares_do_not_name_a_strategy():
@@ -195,19 +195,15 @@ def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
     launcher = []
     if importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is not None:
         launcher = ["hydra/launcher=local"]
-    command = [
-        sys.executable,
-        "-m",
-        "bidswarm.train",
-        "-m",
+    command = sweep_command(
+        tmp_path / "sweep",
         "debug=smoke",
         "seed=0,1",
         "task.max_decisions=8",
         "task.n_heldout_seeds=2",
         "sft.demo_episodes=2",
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
         *launcher,
-    ]
+    )
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from bidswarm import tracking, transcripts
 from bidswarm.coordination.base import Decision
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.sweep import arm_metric_name
-from conftest import ROOT
+from conftest import ROOT, sweep_command
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +23,15 @@ def sweep(tmp_path_factory) -> tuple[str, Path]:
     root = tmp_path_factory.mktemp("sweep")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "bidswarm.train",
-        "-m",
+    command = sweep_command(
+        root / "sweep",
         "debug=smoke",
         "ablation=none,random_credit",
         "seed=0",
         "task.n_heldout_seeds=2",
         "sft.demo_episodes=2",
         "eval.every=1",
-        f"hydra.sweep.dir={root / 'sweep'}",
-    ]
+    )
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     (root / "console.txt").write_text(result.stdout + result.stderr)
@@ -243,15 +238,11 @@ def test_held_out_evaluations_sit_at_their_update_on_the_training_axis(sweep):
 def test_a_sweep_whose_job_fails_ends_its_parent_failed(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    command = [
-        sys.executable,
-        "-m",
-        "bidswarm.train",
-        "-m",
+    command = sweep_command(
+        tmp_path / "sweep",
         "debug=smoke",
         "rl.envs_per_update=0",  # refused by the job's own check, before any model loads
-        f"hydra.sweep.dir={tmp_path / 'sweep'}",
-    ]
+    )
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     _, _, parents, _ = runs_of(uri)
