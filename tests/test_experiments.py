@@ -15,7 +15,7 @@ from bidswarm.coordination.fixed import Monolithic, RoundRobin
 from bidswarm.coordination.graph_of_agents import GraphOfAgents
 from bidswarm.envs import make_env
 from bidswarm.rollout.loop import RolloutLoop
-from bidswarm.statistics import pass_at_k, pass_at_k_over_worlds
+from bidswarm.statistics import pass_at_k, pass_at_k_over_worlds, summarize_share
 from test_coordination import build_swarm, seeded, situation, task
 from test_train import read_state, run_cli
 
@@ -43,6 +43,25 @@ def test_pass_at_k_over_worlds_averages_worlds_not_attempts():
     assert summary.mean == pytest.approx(0.25) and summary.n == 2
     summary2, per_world2 = pass_at_k_over_worlds(successes, worlds, 2)
     assert per_world2 == {1: 1.0, 2: 0.0} and summary2.mean == pytest.approx(0.5)
+
+
+def test_pass_at_k_interval_is_wilson_and_stays_within_0_and_1():
+    z = 1.959963984540054
+    # every world succeeds: the Wilson lower bound n / (n + z^2), the upper bound 1 (a t
+    # interval would collapse to the point 1)
+    summary, _ = pass_at_k_over_worlds([1.0] * 12, list(range(12)), 1)
+    assert (summary.mean, summary.ci_high) == (1.0, 1.0)
+    assert summary.ci_low == pytest.approx(12 / (12 + z * z))
+    # 3 of 4 worlds: centre (p + z^2/2n) / (1 + z^2/n), half-width z sqrt(p(1-p)/n + z^2/4n^2)
+    # / (1 + z^2/n), by hand for p = 0.75, n = 4
+    summary, _ = pass_at_k_over_worlds([1.0, 1.0, 1.0, 0.0], [0, 1, 2, 3], 1)
+    centre = (0.75 + z * z / 8) / (1 + z * z / 4)
+    half = z * (0.75 * 0.25 / 4 + z * z / 64) ** 0.5 / (1 + z * z / 4)
+    assert summary.ci_low == pytest.approx(centre - half)
+    assert summary.ci_high == pytest.approx(centre + half)
+    assert 0.0 <= summary.ci_low < summary.mean < summary.ci_high <= 1.0
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        summarize_share([0.5, 1.5])
 
 
 # -- dropout: rules route around absent agents ----------------------------------------------

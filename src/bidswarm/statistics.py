@@ -222,11 +222,41 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def summarize_share(values: Sequence[float]) -> Summary:
+    """Mean and SE of ``values`` in [0, 1] (per-world success rates, pass@k), with the 95%
+    Wilson score interval of the mean over ``n = len(values)``.
+
+    A t interval leaves [0, 1] near the ends and collapses to a point when every world agrees
+    (all 0 or all 1); the Wilson interval does neither. It is exact in form for 0/1 values and
+    conservative for fractional ones: a variable in [0, 1] with mean p has variance at most
+    p (1 - p), the binomial variance the interval assumes.
+    """
+    if any(not 0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"summarize_share needs values in [0, 1], got {sorted(values)[:8]}")
+    s = summarize(values)
+    z = _normal_quantile(0.5 + CONFIDENCE / 2)
+    n, p = s.n, s.mean
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Summary(p, s.se, max(0.0, centre - half), min(1.0, centre + half), n)
+
+
+def _normal_quantile(p: float) -> float:
+    """The ``p`` quantile of the standard normal (bisection on ``erf``, to 1e-12)."""
+    low, high = -40.0, 40.0
+    while high - low > 1e-12:
+        middle = 0.5 * (low + high)
+        below = 0.5 * (1 + math.erf(middle / math.sqrt(2))) < p
+        low, high = (middle, high) if below else (low, middle)
+    return 0.5 * (low + high)
+
+
 def pass_at_k_over_worlds(
     successes: Sequence[float], worlds: Sequence[int], k: int
 ) -> tuple[Summary, dict[int, float]]:
     """pass@k per world (from that world's attempts, ``successes[i]`` in {0, 1} the outcome of
-    an attempt on ``worlds[i]``), and its mean with the 95% t interval over worlds."""
+    an attempt on ``worlds[i]``), and its mean over worlds with the 95% Wilson interval
+    (:func:`summarize_share`: it stays in [0, 1])."""
     attempts: dict[int, list[float]] = {}
     for success, world in zip(successes, worlds, strict=True):
         attempts.setdefault(world, []).append(success)
@@ -234,4 +264,4 @@ def pass_at_k_over_worlds(
         world: pass_at_k(len(outcomes), int(sum(o > 0.5 for o in outcomes)), k)
         for world, outcomes in sorted(attempts.items())
     }
-    return summarize(list(per_world.values())), per_world
+    return summarize_share(list(per_world.values())), per_world

@@ -59,10 +59,10 @@ def evaluate(
 
 def pass_at_k_metrics(episodes: list[Episode], runs_per_seed: int) -> dict[str, float]:
     """``pass_at_<k>/mean|se|ci_low|ci_high`` (pass@k; MLflow names take no ``@``) of task
-    success for k = 1..runs_per_seed: the
-    unbiased estimator per world from its ``runs_per_seed`` attempts, 95% t interval over
-    worlds. Every task's episodes report ``success`` (crafting: the target obtained;
-    navigation: stopped within the success distance; research: a correct answer)."""
+    success for k = 1..runs_per_seed: the unbiased estimator per world from its
+    ``runs_per_seed`` attempts, the 95% Wilson interval over worlds (within [0, 1]). Every
+    task's episodes report ``success`` (crafting: the target obtained; navigation: stopped
+    within the success distance; research: a correct answer)."""
     successes = [e.metrics["success"] for e in episodes]
     worlds = [e.seed for e in episodes]
     metrics = {}
