@@ -57,10 +57,7 @@ def test_agents_share_one_frozen_base_and_train_only_their_adapter(swarm):
 
 
 def test_a_lora_population_saves_adapters_and_loads_back(swarm, tmp_path):
-    with torch.no_grad():  # give every adapter its own non-zero weights
-        for name, p in swarm[0].model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=0.05)
+    randomize_adapters(swarm)
     expected = reply_logprobs(swarm)
     swarm.save_pretrained(tmp_path)
     for index in range(len(swarm)):
@@ -77,3 +74,40 @@ def test_a_lora_population_saves_adapters_and_loads_back(swarm, tmp_path):
         torch.testing.assert_close(got, want)
     generated = [a.generate(["logger bid: step 3 ->"], 4, 0.0) for a in (swarm[2], loaded[2])]
     assert generated[0] == generated[1]
+
+
+def randomize_adapters(population: Population) -> None:
+    """Give every adapter its own non-zero weights (they start at B = 0, all equal)."""
+    with torch.no_grad():
+        for name, p in population[0].model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+
+
+def test_replicas_of_lora_agents_are_new_adapters_on_the_same_base(swarm):
+    randomize_adapters(swarm)
+    sources = [[p.detach().clone() for p in agent.trainable_parameters()] for agent in swarm]
+    expected = reply_logprobs(swarm)
+    base_storage = {p.data_ptr() for n, p in swarm[0].model.named_parameters() if "lora_" not in n}
+
+    replicated = swarm.replicate(2)
+    assert replicated.roles == [role for role in swarm.roles for _ in range(2)]
+    assert [agent.adapter for agent in replicated] == [f"agent{i}" for i in range(12)]
+    assert len({id(agent.model) for agent in replicated}) == 1
+    shared = replicated[0].model
+    assert {p.data_ptr() for n, p in shared.named_parameters() if "lora_" not in n} == base_storage
+    for index, agent in enumerate(replicated):
+        weights = agent.trainable_parameters()
+        assert len(weights) == len(sources[index // 2])
+        for got, want in zip(weights, sources[index // 2], strict=True):
+            assert torch.equal(got, want)
+    for index, got in enumerate(reply_logprobs(replicated)):
+        torch.testing.assert_close(got, expected[index // 2])
+
+    first, second = replicated[6].trainable_parameters(), replicated[7].trainable_parameters()
+    assert all(p.data_ptr() != q.data_ptr() for p, q in zip(first, second, strict=True))
+    with torch.no_grad():
+        first[-1].add_(1.0)
+    assert not torch.equal(first[-1], second[-1])
+    groups = [{"params": agent.trainable_parameters()} for agent in replicated]
+    torch.optim.AdamW(groups)  # refuses a parameter in two groups

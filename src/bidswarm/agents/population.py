@@ -102,12 +102,54 @@ class Population(torch.nn.Module):
     def replicate(self, replicas: int) -> Population:
         """This population with each agent copied ``replicas`` times (population scaling of a
         trained swarm): the copies start from the agent's weights in separate parameters and
-        are ordered role by role, as :meth:`build` orders them. ``replicas=1`` returns self."""
+        are ordered role by role, as :meth:`build` orders them. ``replicas=1`` returns self.
+
+        Fully fine-tuned agents are deep copies. LoRA agents stay on their one shared base: the
+        copies are adapters of the same peft model, named ``agent0``, ``agent1``, ... as
+        :meth:`build` names them. That renames the adapters in place, so this population must
+        not be used afterwards: use the returned one."""
         if replicas < 1:
             raise ValueError(f"coordination.replicas={replicas} must be >= 1")
         if replicas == 1:
             return self
-        return Population([copy.deepcopy(agent) for agent in self.agents for _ in range(replicas)])
+        if self.agents[0].adapter is None:
+            return Population(
+                [copy.deepcopy(agent) for agent in self.agents for _ in range(replicas)]
+            )
+        return self._replicate_adapters(replicas)
+
+    def _replicate_adapters(self, replicas: int) -> Population:
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+        shared = self.agents[0].model
+        sources = [
+            {name: t.detach().clone() for name, t in state.items()}
+            for state in (
+                get_peft_model_state_dict(shared, adapter_name=agent.adapter)
+                for agent in self.agents
+            )
+        ]
+        config = shared.peft_config[self.agents[0].adapter]
+        agents = []
+        for index in range(len(self.agents) * replicas):
+            source = self.agents[index // replicas]
+            name = f"agent{index}"
+            if name not in shared.peft_config:
+                shared.add_adapter(name, config)
+            set_peft_model_state_dict(shared, sources[index // replicas], adapter_name=name)
+            agents.append(
+                AgentPolicy(
+                    shared,
+                    source.tokenizer,
+                    source.role,
+                    source.max_prompt_tokens,
+                    source.min_shared_prefix,
+                    adapter=name,
+                )
+            )
+        for name, parameter in shared.named_parameters():
+            parameter.requires_grad_("lora_" in name)
+        return Population(agents)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``; LoRA
