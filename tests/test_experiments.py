@@ -247,3 +247,14 @@ def test_flop_budget_ends_rl_once_spent(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert len(checkpoint["bidswarm"]["history"]) == 1  # of 6 scheduled updates
     assert "eval_after" in read_state(run_dir)  # a spent budget finishes the run
+    # resumed (as after a crash between the last checkpoint and the end), it makes no update
+    run_cli(
+        tmp_path / "again",
+        "debug=smoke",
+        "rl.cycles=3",
+        "rl.flop_budget=1.0",
+        "logger=csv",
+        f"resume={run_dir}",
+    )
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert len(checkpoint["bidswarm"]["history"]) == 1

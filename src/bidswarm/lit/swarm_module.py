@@ -12,6 +12,7 @@ then it clips each agent's gradient and steps the one optimizer.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 
 import lightning as L
 import torch
@@ -46,6 +47,9 @@ class SwarmModule(L.LightningModule):
         self.temperature = temperature
         self.history: list[dict[str, float]] = []
         self._updates_this_process = 0
+        # LoRA checkpoints hold the adapters only (on_save_checkpoint); on_load_checkpoint
+        # checks their keys itself, as strict loading would ask for the frozen base's too.
+        self.strict_loading = not population.is_lora
 
     @property
     def total_updates(self) -> int:
@@ -64,6 +68,10 @@ class SwarmModule(L.LightningModule):
     def on_train_start(self) -> None:
         # SFT leaves the agents in eval mode; the models have no dropout, so rollouts are the same.
         self.population.train()
+        # A run resumed after the update that spent its FLOP budget has nothing left to do
+        # (training_step stops only after an update, which would make one more).
+        if self.budget_spent:
+            self.trainer.should_stop = True
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader([0], batch_size=None)
@@ -103,10 +111,23 @@ class SwarmModule(L.LightningModule):
         """Whether every update of the schedule has been made, or the FLOP budget is spent."""
         return len(self.history) >= self.total_updates or self.budget_spent
 
+    def adapter_state_keys(self) -> set[str]:
+        """The state-dict keys of the LoRA agents' adapters, each adapter once (all agents
+        hold the one shared model): what a LoRA checkpoint keeps of the module's state."""
+        trainable = {id(p) for agent in self.population for p in agent.trainable_parameters()}
+        return {name for name, p in self.named_parameters() if id(p) in trainable}
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Counters, per-update metrics and the process's RNG states (each update draws its
         own randomness from (seed, rank, update); the global generators are kept so that
-        nothing else drawn from them differs after a resume)."""
+        nothing else drawn from them differs after a resume). LoRA agents keep only their
+        adapters: the frozen base is the one saved with the run's populations (``base/``),
+        which a resumed run loads with ``sft/``."""
+        if self.population.is_lora:
+            kept = self.adapter_state_keys()
+            checkpoint["state_dict"] = {
+                key: value for key, value in checkpoint["state_dict"].items() if key in kept
+            }
         checkpoint["bidswarm"] = {
             "usage": self.collector.usage.as_dict(),
             "history": self.history,
@@ -118,6 +139,8 @@ class SwarmModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.population.is_lora:
+            self._check_adapter_keys(checkpoint["state_dict"].keys())
         state = checkpoint["bidswarm"]
         self.collector.usage.load(state["usage"])
         self.history = list(state["history"])
@@ -127,6 +150,18 @@ class SwarmModule(L.LightningModule):
             torch.set_rng_state(rng["torch"])
             if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():
                 torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _check_adapter_keys(self, saved: Iterable[str]) -> None:
+        """A LoRA checkpoint must hold exactly this population's adapters (the base's weights
+        are absent by design; Lightning loads it non-strictly)."""
+        saved, wanted = set(saved), self.adapter_state_keys()
+        if saved != wanted:
+            missing, unexpected = sorted(wanted - saved), sorted(saved - wanted)
+            raise RuntimeError(
+                "the checkpoint does not hold this population's LoRA adapters: "
+                f"missing {len(missing)} keys {missing[:3]}, unexpected {len(unexpected)} keys "
+                f"{unexpected[:3]}"
+            )
 
     # -- learning ------------------------------------------------------------------------------
     def learn(self, batches: list[ActionBatch] | list[BidBatch]) -> dict[str, float]:
