@@ -220,6 +220,65 @@ def test_checking_for_stopped_rows_every_few_tokens_changes_no_reply(agent, temp
     assert len(every_token[0].reply_ids) == 1
 
 
+def varied_agent(agent: AgentPolicy) -> AgentPolicy:
+    """``agent`` with large random weights: its greedy replies vary from token to token and
+    from prompt to prompt (a freshly initialised tiny model repeats one token)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in agent.model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.3)
+    return agent
+
+
+def shared_header_prompts() -> list[str]:
+    header = "<s>logger bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * 4)
+    return [f"{header} {obs} ->" for obs in OBSERVATIONS] + [f"{header} ->"]
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_static_kv_cache_generates_what_the_dynamic_one_does(agent, template, shared_prefix):
+    agent = varied_agent(agent)
+    if shared_prefix:
+        prompts, agent.min_shared_prefix = shared_header_prompts(), 8
+    else:
+        prompts = prompts_of_different_lengths(template)
+    assert not agent.uses_static_cache()  # kv_cache=auto: dynamic on CPU
+    free = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
+    agent.stop_ids = [free[0].reply_ids[2], free[1].reply_ids[5]]  # rows stop at other steps
+
+    def decode(kv_cache: str):
+        agent.kv_cache = kv_cache
+        calls = []
+        hook = agent.model.model.register_forward_hook(
+            lambda module, args, kwargs, output: calls.append(kwargs["input_ids"].shape),
+            with_kwargs=True,
+        )
+        greedy = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
+        hook.remove()
+        sampled = agent.generate(prompts * 3, 8, 1.0, torch.Generator().manual_seed(1))
+        return greedy, sampled, calls[0]
+
+    dynamic, static = decode("dynamic"), decode("static")
+    assert agent.uses_static_cache()
+    assert static == dynamic
+    greedy = static[0]
+    assert len({len(g.reply_ids) for g in greedy}) > 1  # rows stopped at different steps
+    assert len({tuple(g.reply_ids) for g in greedy}) == len(greedy)
+    assert (static[2][0] == 1) == shared_prefix  # the prefix ran once, for one row
+
+
+def test_compiling_the_decode_step_changes_nothing_on_cpu(agent, template):
+    # CUDA graphs need a CUDA device: on CPU `compile_decode` leaves the eager forward.
+    agent = varied_agent(agent)
+    agent.kv_cache = "static"
+    prompts = prompts_of_different_lengths(template)
+    eager = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
+    agent.compile_decode = True
+    assert agent.generate(prompts, max_new_tokens=6, temperature=0.0) == eager
+    assert agent._compiled_decode is None
+
+
 def test_prompts_are_truncated_from_the_left(agent, template):
     prompt = template.bid("logger", OBSERVATIONS[2])
     full = agent.encode_prompts([prompt])[0]

@@ -117,6 +117,17 @@ class Adapter(str, Enum):
     __str__ = str.__str__
 
 
+class KVCache(str, Enum):
+    """The KV cache of generation: ``dynamic`` (grows a token per decode step), ``static``
+    (preallocated: every decode step has the same shapes), ``auto`` (static on CUDA, dynamic
+    elsewhere)."""
+
+    dynamic = "dynamic"
+    static = "static"
+    auto = "auto"
+    __str__ = str.__str__
+
+
 @dataclass
 class LoraSettings:
     """LoRA adapters (``model.adapter=lora``, the ``lora`` extra: peft)."""
@@ -163,6 +174,12 @@ class ModelConfig:
     less memory per trained token, ~30% more compute per update."""
     adapter: Adapter = Adapter.full
     lora: LoraSettings = field(default_factory=LoraSettings)
+    kv_cache: KVCache = KVCache.auto
+    """[ours] ``static`` preallocates every layer's KV cache for the prompt and the longest
+    reply (fixed shapes per decode step, what CUDA graphs need); ``auto``: static on CUDA."""
+    compile_decode: bool = False
+    """[ours] Compile the one-token decode step with CUDA graphs (``torch.compile``,
+    ``reduce-overhead``) when the KV cache is static on CUDA; without CUDA it does nothing."""
     torch_threads: int | None = None
     """Intra-op CPU threads (None: torch's default). Tiny models run fastest on one thread:
     their matrices are too small to split, and spinning threads stall on a shared machine."""
@@ -566,6 +583,13 @@ def _model_problems(model: Any, problems: Problems) -> None:
             ">= 1, or null (derived from the task)",
         )
     problems.at_least("model.max_prompt_tokens", model.max_prompt_tokens, 1)
+    if model.compile_decode:
+        problems.require(
+            model.kv_cache != "dynamic",
+            "model.kv_cache",
+            model.kv_cache,
+            "static or auto: model.compile_decode=true needs fixed shapes",
+        )
     if model.torch_threads is not None:
         problems.require(
             model.torch_threads >= 1, "model.torch_threads", model.torch_threads, ">= 1 or null"

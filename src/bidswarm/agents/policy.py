@@ -14,13 +14,15 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, StaticCache
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from bidswarm.envs.base import role_name
 
 AGENT_FILE = "agent.json"
 ADAPTER_FILE = "adapter_model.safetensors"  # peft's name: the folder loads with PeftModel too
+STATIC_CACHE_BLOCK = 64
+"""A static KV cache holds a multiple of this many tokens per row (:func:`static_cache_slots`)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,13 @@ def micro_batches(lengths: Sequence[int], token_budget: int | None) -> list[rang
     return ranges
 
 
+def static_cache_slots(tokens: int) -> int:
+    """Slots per row of a static KV cache for ``tokens`` tokens: rounded up to a multiple of
+    :data:`STATIC_CACHE_BLOCK`, so that calls with similar prompt widths share one shape (one
+    compiled decode step, one CUDA graph, reused allocator blocks)."""
+    return -(-tokens // STATIC_CACHE_BLOCK) * STATIC_CACHE_BLOCK
+
+
 def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
     """One token per row from [B, V] logits; ``temperature`` 0 is greedy."""
     if temperature <= 0.0:
@@ -117,6 +126,15 @@ class AgentPolicy(torch.nn.Module):
         self.adapter = adapter
         self.stop_check_every: int | None = None
         """Decode steps between checks that every row stopped (None: 1 on CPU, 8 elsewhere)."""
+        self.kv_cache = "auto"
+        """``dynamic``: the KV cache grows by a token per decode step; ``static``: it is
+        preallocated for the prompt and the longest reply, so every decode step has the same
+        shapes; ``auto``: static on CUDA, dynamic elsewhere (``model.kv_cache``)."""
+        self.compile_decode = False
+        """Compile the one-token decode forward with CUDA graphs (``torch.compile`` mode
+        ``reduce-overhead``); applies to a static cache on CUDA only (``model.compile_decode``).
+        """
+        self._compiled_decode = None
         self.tokenizer = tokenizer
         self.role = role
         self.max_prompt_tokens = max_prompt_tokens
@@ -198,13 +216,40 @@ class AgentPolicy(torch.nn.Module):
             return []
         prompt_ids = self.encode_prompts(prompts)
         self._use_own_adapter()
+        return self._decode(prompt_ids, None, max_new_tokens, temperature, generator)
+
+    def uses_static_cache(self) -> bool:
+        """Whether :meth:`generate` decodes into a preallocated :class:`StaticCache`."""
+        if self.kv_cache == "auto":
+            return self.device.type == "cuda"
+        return self.kv_cache == "static"
+
+    def _decode(
+        self,
+        prompt_ids: list[list[int]],
+        adapter_names: list[str] | None,
+        max_new_tokens: int,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> list[Generation]:
+        """The decode loop of :meth:`generate`; ``adapter_names`` routes each row through its
+        own LoRA adapter of the shared peft model."""
         device = self.device
         stop = torch.tensor(self.stop_ids, device=device)
+        routing = {} if adapter_names is None else {"adapter_names": adapter_names}
         was_training = self.model.training
         self.model.eval()
-        out, attention_mask, position_ids = self._prefill(prompt_ids)
-        next_positions = position_ids[:, -1:] + 1
-        finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        width = max(len(ids) for ids in prompt_ids)
+        static = self.uses_static_cache()
+        slots = static_cache_slots(width + max_new_tokens) if static else width + max_new_tokens
+        cache = StaticCache(config=self.model.config, max_cache_len=slots) if static else None
+        # One mask for prompt and reply, preallocated: each decode step writes its column
+        # instead of concatenating a new mask. A static cache attends over all its slots, so it
+        # sees the whole mask (fixed shape); a dynamic one the columns it holds so far.
+        attention_mask = torch.zeros((len(prompt_ids), slots), dtype=torch.long, device=device)
+        out, next_positions = self._prefill(prompt_ids, attention_mask, cache, routing)
+        step_forward = self._decode_step_forward(static)
+        finished = torch.zeros(len(prompt_ids), dtype=torch.bool, device=device)
         # Whether every row has stopped is a host sync; on an accelerator it is asked every few
         # tokens only (rows that stopped decode padding, cut off by _collect), so the device
         # runs ahead of the host.
@@ -219,55 +264,95 @@ class AgentPolicy(torch.nn.Module):
                 break
             if (step + 1) % check_every == 0 and bool(finished.all()):
                 break
-            attention_mask = torch.cat(
-                [attention_mask, attention_mask.new_ones(len(prompts), 1)], 1
-            )
-            out = self.model(
+            attention_mask[:, width + step] = 1
+            visible = attention_mask if static else attention_mask[:, : width + step + 1]
+            out = step_forward(
                 input_ids=tokens[:, None],
-                attention_mask=attention_mask,
+                attention_mask=visible,
                 position_ids=next_positions,
                 past_key_values=out.past_key_values,
                 use_cache=True,
+                **routing,
             )
             next_positions = next_positions + 1
         self.model.train(was_training)
         return self._collect(prompt_ids, sampled)
 
-    def _prefill(self, prompt_ids: list[list[int]]):
-        """Forward the prompts into a KV cache; a long prefix shared by all rows runs once.
+    def _decode_step_forward(self, static: bool):
+        """The model's forward for one token per row: compiled with CUDA graphs
+        (``compile_decode``) when the cache is static on a CUDA device, else the plain one.
+        CUDA graphs replay fixed shapes only; a dynamic cache grows every step."""
+        if not (self.compile_decode and static and self.device.type == "cuda"):
+            return self.model
+        if self._compiled_decode is None:
+            # The bound forward, not the module: a compiled module assigned here would be
+            # registered as a second copy of the agent's parameters.
+            compiled = torch.compile(self.model.forward, mode="reduce-overhead")
+
+            def step_forward(**inputs):
+                # Each step replays the graph anew: the previous step's outputs (read before
+                # this call) may be overwritten.
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(**inputs)
+
+            self._compiled_decode = step_forward
+        return self._compiled_decode
+
+    def _prefill(
+        self,
+        prompt_ids: list[list[int]],
+        attention_mask: Tensor,
+        cache: StaticCache | None,
+        routing: dict[str, list[str]],
+    ):
+        """Forward the prompts into a KV cache (``cache``, or a new dynamic one); a long
+        prefix shared by all rows runs once. Writes the prompts' columns of ``attention_mask``
+        [B, slots] (prompts left-padded to the longest) and returns the model output and the
+        position ids [B, 1] of the first reply token.
 
         Prompts of one agent share the task and role text (chat templates put it first), so
         the prefix is computed for one row and its cache repeated, and only the differing
-        suffixes (left-padded after the prefix) run for every row.
+        suffixes (left-padded after the prefix) run for every row. Rows routed through
+        different LoRA adapters (``routing``) never share a prefix: its keys and values depend
+        on the adapter.
         """
+        width = max(len(ids) for ids in prompt_ids)
         prefix = shared_prefix_length(prompt_ids)
-        if len(prompt_ids) < 2 or prefix < self.min_shared_prefix:
-            input_ids, attention_mask = left_pad(prompt_ids, self.pad_id, self.device)
-            position_ids = positions_from_mask(attention_mask)
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                logits_to_keep=1,
+        if len(prompt_ids) < 2 or prefix < self.min_shared_prefix or routing:
+            input_ids, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
+            head_length = 0
+        else:
+            head = torch.tensor([prompt_ids[0][:prefix]], device=self.device)
+            head_cache = self.model(
+                input_ids=head, use_cache=True, logits_to_keep=1
+            ).past_key_values
+            if cache is None:
+                head_cache.batch_repeat_interleave(len(prompt_ids))
+                cache = head_cache
+            else:
+                # A static cache cannot repeat its rows; it takes the prefix row written into
+                # every row (the cache's own update, which allocates it at the batch size).
+                for index, layer in enumerate(head_cache.layers):
+                    rows = (len(prompt_ids), -1, -1, -1)
+                    cache.update(layer.keys.expand(rows), layer.values.expand(rows), index)
+            input_ids, prompt_mask = left_pad(
+                [ids[prefix:] for ids in prompt_ids], self.pad_id, self.device
             )
-            return out, attention_mask, position_ids
-        head = torch.tensor([prompt_ids[0][:prefix]], device=self.device)
-        cache = self.model(input_ids=head, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(len(prompt_ids))
-        suffixes = [ids[prefix:] for ids in prompt_ids]
-        suffix_ids, suffix_mask = left_pad(suffixes, self.pad_id, self.device)
-        attention_mask = torch.cat([suffix_mask.new_ones(len(suffixes), prefix), suffix_mask], 1)
-        position_ids = prefix + positions_from_mask(suffix_mask)
+            head_length = prefix
+        attention_mask[:, :head_length] = 1
+        attention_mask[:, head_length:width] = prompt_mask
+        static = isinstance(cache, StaticCache)
+        position_ids = head_length + positions_from_mask(prompt_mask)
         out = self.model(
-            input_ids=suffix_ids,
-            attention_mask=attention_mask,
+            input_ids=input_ids,
+            attention_mask=attention_mask if static else attention_mask[:, :width],
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **routing,
         )
-        return out, attention_mask, position_ids
+        return out, position_ids[:, -1:] + 1
 
     def _collect(self, prompt_ids: list[list[int]], sampled: list[Tensor]) -> list[Generation]:
         rows = torch.stack(sampled, dim=1).tolist() if sampled else [[] for _ in prompt_ids]

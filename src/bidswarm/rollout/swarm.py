@@ -26,6 +26,8 @@ class Swarm:
 
     token_budget: the most tokens one scoring forward may see (``rl.micro_batch_tokens``;
     None: no limit).
+    kv_cache, compile_decode: how every agent decodes (``model.kv_cache``,
+    ``model.compile_decode``; :class:`AgentPolicy`).
     """
 
     def __init__(
@@ -37,6 +39,8 @@ class Swarm:
         temperature: float,
         bid_population: Population | None = None,
         token_budget: int | None = None,
+        kv_cache: str = "auto",
+        compile_decode: bool = False,
     ):
         self.population = population
         self.bid_population = bid_population or population
@@ -51,6 +55,9 @@ class Swarm:
         self.params_per_agent = [
             sum(p.numel() for p in agent.parameters()) for agent in population.agents
         ]
+        for policy in [*self.population.agents, *self.bid_population.agents]:
+            policy.kv_cache = kv_cache
+            policy.compile_decode = compile_decode
 
     @property
     def n_agents(self) -> int:
