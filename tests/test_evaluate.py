@@ -17,6 +17,7 @@ from bidswarm.config import register_configs
 from bidswarm.envs import make_env
 from bidswarm.evaluate import (
     build_loop,
+    evaluation_run_name,
     register_evaluate_config,
     resolve_from_run,
     run_evaluation,
@@ -161,6 +162,24 @@ def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(
     )
     assert again["reward/mean"] == metrics["reward/mean"]
     assert again["tokens/rollout"] == metrics["tokens/rollout"]
+
+
+def test_evaluation_runs_are_named_after_their_source_arm_and_their_own_overrides(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(
+        "- experiment=tables\n- ablation=monolithic\n- seed=2\n- coordination=auction\n"
+    )
+    # the evaluation's own value wins where both set a key
+    assert evaluation_run_name(run_dir, "coordination=round_robin,dropout=0.5") == (
+        "eval experiment=tables,ablation=monolithic,seed=2,coordination=round_robin,dropout=0.5"
+    )
+    assert evaluation_run_name(run_dir, "default") == (
+        "eval experiment=tables,ablation=monolithic,seed=2,coordination=auction"
+    )
+    # a folder without Hydra's record (a run started from Python) keeps the evaluation's name
+    assert evaluation_run_name(tmp_path, "replicas=4") == "eval replicas=4"
+    assert evaluation_run_name(tmp_path, "default") == "eval default"
 
 
 def test_bad_inputs_fail_with_the_key_named(finished_run, tmp_path):

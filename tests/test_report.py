@@ -281,3 +281,66 @@ def test_results_file_sections_are_replaced_not_duplicated(tmp_path):
     assert body.count("<!-- report:x -->") == 1 and "new" in body and "old" not in body
     assert "](results/x_participation.png)" in body and "<!-- report:y -->" in body
     assert (results.parent / "results" / "x_participation.png").read_bytes() == b"png"
+
+
+def test_the_swept_number_is_the_x_axis_and_the_rest_of_the_name_the_series():
+    key, points = report.swept_setting(
+        [
+            "coordination=auction,replicas=1",
+            "coordination=auction,replicas=4",
+            "coordination=round_robin,replicas=1",
+        ]
+    )
+    assert key == "replicas"
+    assert points["coordination=auction,replicas=4"] == (4.0, "coordination=auction")
+    assert points["coordination=round_robin,replicas=1"] == (1.0, "coordination=round_robin")
+    # dropout takes more values than replicas: it is the axis, replicas a series; a strategy
+    # with no other override is the default series
+    key, points = report.swept_setting(
+        [
+            "dropout=0.0,replicas=1",
+            "dropout=0.5,replicas=1",
+            "dropout=0.9,replicas=4",
+            "dropout=0.5",
+        ]
+    )
+    assert key == "dropout"
+    assert points["dropout=0.9,replicas=4"] == (0.9, "replicas=4")
+    assert points["dropout=0.5"] == (0.5, report.DEFAULT_STRATEGY)
+    assert report.swept_setting(["ablation=none", "ablation=monolithic"]) is None
+    assert report.swept_setting(["replicas=2", "replicas=2,coordination=auction"]) is None
+
+
+def test_evaluation_only_reports_draw_outcomes_not_empty_training_figures(tmp_path):
+    runs = []
+    for replicas in (1, 2, 4):
+        for seed in (0, 1):
+            run = report.RunResult(
+                f"{replicas}-{seed}",
+                f"coordination=auction,replicas={replicas}",
+                None,
+                None,
+                None,
+                training_seed=seed,
+                world_rewards={w: 10.0 * replicas + w + seed for w in range(4)},
+                outcomes={"agents": 3.0 * replicas, "pass_at_3/mean": 0.1 * replicas},
+            )
+            run.heldout_mean = sum(run.world_rewards.values()) / 4
+            runs.append(run)
+    groups = report.group_by_strategy(runs)
+    rows = report.summarize(groups)
+    assert report.plot_reward_vs_flops(groups, tmp_path / "r.png") is None
+    assert report.plot_participation(groups, tmp_path / "p.png") is None
+    assert not (tmp_path / "r.png").exists() and not (tmp_path / "p.png").exists()
+    drawn = report.plot_outcomes(rows, groups, tmp_path / "outcomes.png")
+    assert drawn is not None and drawn.stat().st_size > 0
+    unswept = report.group_by_strategy([runs[0]])
+    assert report.plot_outcomes(report.summarize(unswept), unswept, tmp_path / "x.png") is None
+
+
+def test_long_panel_titles_wrap_at_commas():
+    title = "eval.max_seeds=16,experiment=tables,logger.experiment_name=participation,rl.cycles=8"
+    lines = report.wrapped(title, width=40).split("\n")
+    assert len(lines) == 3 and "".join(lines) == title
+    assert all(len(line) <= 40 or "," not in line[:-1] for line in lines)
+    assert report.wrapped("short") == "short"

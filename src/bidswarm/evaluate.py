@@ -196,6 +196,22 @@ def source_run_id(run_dir: Path) -> str | None:
     return json.loads(state.read_text()).get("mlflow_run_id") if state.is_file() else None
 
 
+def evaluation_run_name(run_dir: Path, own: str) -> str:
+    """``eval `` + the overrides the source training run was started with (its arm:
+    ``ablation=monolithic``, ``task=crafting_furnace``; from its ``.hydra/overrides.yaml``) that
+    the evaluation's own overrides ``own`` (``coordination=round_robin,replicas=4``; ``default``:
+    none) do not set, then ``own``'s. So evaluations of different arms stay different
+    strategies in the report, whatever folders they read."""
+    own_parts = [] if own == "default" else own.split(",")
+    own_keys = {part.split("=", 1)[0] for part in own_parts}
+    overrides_file = run_dir / ".hydra" / "overrides.yaml"
+    source = (
+        [str(part) for part in OmegaConf.load(overrides_file)] if overrides_file.is_file() else []
+    )
+    inherited = [part for part in source if "=" in part and part.split("=", 1)[0] not in own_keys]
+    return "eval " + (",".join(inherited + own_parts) or "default")
+
+
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow params are flat)."""
     if not isinstance(tree, dict):
@@ -229,7 +245,9 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], worlds_file: Path)
         tags["bidswarm.source_run"] = source
     if parent is not None:
         tags["mlflow.parentRunId"] = parent
-    run = client.create_run(experiment_id, run_name="eval " + tracking.run_name(), tags=tags)
+    run = client.create_run(
+        experiment_id, run_name=evaluation_run_name(run_dir, tracking.run_name()), tags=tags
+    )
     params = flatten(OmegaConf.to_container(cfg, resolve=True))
     client.log_batch(
         run.info.run_id,

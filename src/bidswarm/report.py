@@ -10,8 +10,10 @@ Runs are grouped into strategies by their name (the Hydra overrides) with ``seed
 together. Training
 runs give their held-out result after RL (``eval_after/...``) and their training curves;
 evaluation runs (``python -m bidswarm.evaluate``) give ``eval/...`` and borrow the training FLOPs
-of the run they evaluated. Writes ``report.md``, ``reward_vs_flops.png`` and
-``participation.png`` into ``--out`` and prints the tables.
+of the run they evaluated. Writes ``report.md`` and the figures that have data
+(:data:`FIGURES`: the outcomes against a swept number such as ``replicas`` or ``dropout``,
+participation at fixed decisions, reward vs training FLOPs, participation per role) into
+``--out`` and prints the tables.
 
 Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
 held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
@@ -521,13 +523,15 @@ def aligned_mean_and_se(series: list[list[float]]) -> tuple[list[float], list[fl
     return [s.mean for s in stats], [s.se for s in stats]
 
 
-def plot_reward_vs_flops(groups: dict[str, list[RunResult]], path: Path) -> Path:
-    """Training reward against cumulative training FLOPs per strategy, with SE bands."""
+def plot_reward_vs_flops(groups: dict[str, list[RunResult]], path: Path) -> Path | None:
+    """Training reward against cumulative training FLOPs per strategy, with SE bands; None
+    when no run has training curves (a report of evaluation runs only)."""
+    trained = {s: rs for s, rs in groups.items() if any(r.curves.get("reward/mean") for r in rs)}
+    if not trained:
+        return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for strategy, results in groups.items():
+    for strategy, results in trained.items():
         curves = [r.curves for r in results if r.curves.get("reward/mean")]
-        if not curves:
-            continue
         flops, _ = aligned_mean_and_se([c["flops/total"] for c in curves])
         reward, se = aligned_mean_and_se([c["reward/mean"] for c in curves])
         if len(curves) == 1:  # one seed: the band is the SE over that update's episodes
@@ -540,32 +544,33 @@ def plot_reward_vs_flops(groups: dict[str, list[RunResult]], path: Path) -> Path
     ax.set_ylabel("training episode reward")
     ax.set_title("Reward vs training FLOPs (mean ± SE)")
     ax.grid(alpha=0.3)
-    if ax.lines:
-        ax.legend(fontsize=8)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
-def plot_participation(groups: dict[str, list[RunResult]], path: Path) -> Path:
-    """Share of acting steps per role over the updates, one panel per strategy."""
+def plot_participation(groups: dict[str, list[RunResult]], path: Path) -> Path | None:
+    """Share of acting steps per role over the updates, one panel per strategy; None when no
+    run has training curves."""
     trained = {s: rs for s, rs in groups.items() if any(r.curves.get("reward/mean") for r in rs)}
-    panels = max(len(trained), 1)
-    fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.5), squeeze=False)
-    for ax, (strategy, results) in zip(axes[0], trained.items(), strict=False):
+    if not trained:
+        return None
+    fig, axes = panel_grid(len(trained))
+    for ax, (strategy, results) in zip(axes, trained.items(), strict=False):
         roles = sorted({k for r in results for k in r.curves if k.startswith("participation/")})
         for key in roles:
             series = [r.curves[key] for r in results if r.curves.get(key)]
             share, _ = aligned_mean_and_se(series)
             ax.plot(range(len(share)), share, label=key.split("/", 1)[1])
-        ax.set_title(strategy, fontsize=9)
+        ax.set_title(wrapped(strategy), fontsize=8)
         ax.set_xlabel("update")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         if roles:
             ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("share of acting steps")
+    axes[0].set_ylabel("share of acting steps")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -619,22 +624,154 @@ def plot_participation_at(groups: dict[str, list[RunResult]], path: Path) -> Pat
         panels += [(strategy, label, results) for label in labels]
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.5), squeeze=False)
-    for ax, (strategy, label, results) in zip(axes[0], panels, strict=True):
+    fig, axes = panel_grid(len(panels))
+    for ax, (strategy, label, results) in zip(axes, panels, strict=False):
         prefix = f"participation_at/{label}/"
         for key in sorted({k for r in results for k in r.curves if k.startswith(prefix)}):
             share, _ = aligned_mean_and_se([r.curves[key] for r in results if r.curves.get(key)])
             ax.plot(range(len(share)), share, label=key.removeprefix(prefix))
-        ax.set_title(f"{strategy}: decision {label}", fontsize=9)
+        ax.set_title(wrapped(f"{strategy}: decision {label}"), fontsize=8)
         ax.set_xlabel("update")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("share of episodes acting")
+    axes[0].set_ylabel("share of episodes acting")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+PANELS_PER_ROW = 3
+
+
+def panel_grid(panels: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A figure of ``panels`` panels, at most :data:`PANELS_PER_ROW` a row (long strategy
+    names stay readable); the unused panels of the last row are hidden."""
+    columns = min(panels, PANELS_PER_ROW)
+    rows = -(-panels // columns)
+    fig, grid = plt.subplots(
+        rows, columns, figsize=(4.2 * columns, 3.6 * rows), squeeze=False, sharey=True
+    )
+    axes = list(grid.flat)
+    for unused in axes[panels:]:
+        unused.set_visible(False)
+    return fig, axes[:panels]
+
+
+def wrapped(title: str, width: int = 40) -> str:
+    """A panel title broken at its commas into lines of about ``width`` characters."""
+    lines, line = [], ""
+    for part in title.split(","):
+        if line and len(line) + len(part) + 1 > width:
+            lines.append(line + ",")
+            line = part
+        else:
+            line = f"{line},{part}" if line else part
+    return "\n".join([*lines, line])
+
+
+def swept_setting(strategies: list[str]) -> tuple[str, dict[str, tuple[float, str]]] | None:
+    """The numeric override the strategies vary most (``replicas``, ``dropout``): its key, and
+    per strategy its value and the rest of its name (the series it belongs to). None when no
+    override with a number in every strategy takes two or more values."""
+    parsed = {s: dict(p.split("=", 1) for p in s.split(",") if "=" in p) for s in strategies}
+    values: dict[str, set[float]] = {}
+    for key in set().union(*parsed.values()):
+        numbers = {as_number(parts.get(key)) for parts in parsed.values()} - {None}
+        if len(numbers) >= 2:
+            values[key] = numbers
+    if not values:
+        return None
+    key = max(sorted(values), key=lambda k: len(values[k]))
+    points = {}
+    for strategy, parts in parsed.items():
+        x = as_number(parts.get(key))
+        if x is not None:
+            rest = ",".join(f"{k}={v}" for k, v in parts.items() if k != key)
+            points[strategy] = (x, rest or DEFAULT_STRATEGY)
+    return key, points
+
+
+def as_number(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def plot_outcomes(
+    rows: list[StrategyRow], groups: dict[str, list[RunResult]], path: Path
+) -> Path | None:
+    """Held-out reward (mean, 95% CI) and, when evaluations logged it, the highest pass@k
+    (mean ± SE over training runs) against the numeric override the strategies sweep
+    (population size, dropout p), a line per series (e.g. per coordination rule). None when
+    the strategies sweep no number."""
+    swept = swept_setting([row.strategy for row in rows])
+    if swept is None:
+        return None
+    key, points = swept
+    ks = [
+        int(name.removeprefix("pass_at_").split("/")[0])
+        for rs in groups.values()
+        for r in rs
+        for name in r.outcomes
+        if name.startswith("pass_at_")
+    ]
+    pass_key = f"pass_at_{max(ks)}/mean" if ks else None
+    fig, axes = plt.subplots(1, 2 if pass_key else 1, figsize=(11 if pass_key else 6, 4))
+    axes = list(axes) if pass_key else [axes]
+    for series in sorted({rest for _, rest in points.values()}):
+        chosen = sorted(
+            (points[row.strategy][0], row)
+            for row in rows
+            if row.strategy in points and points[row.strategy][1] == series
+        )
+        xs = [x for x, _ in chosen]
+        means = [row.mean for _, row in chosen]
+        low = [row.mean - (row.ci_low if row.ci_low is not None else row.mean) for _, row in chosen]
+        high = [
+            (row.ci_high if row.ci_high is not None else row.mean) - row.mean for _, row in chosen
+        ]
+        axes[0].errorbar(xs, means, yerr=[low, high], marker="o", ms=4, capsize=3, label=series)
+        if pass_key:
+            shares = []
+            for _, row in chosen:
+                values = [
+                    r.outcomes[pass_key] for r in groups[row.strategy] if pass_key in r.outcomes
+                ]
+                shares.append(statistics.summarize(values) if values else None)
+            shown = [(x, s) for x, s in zip(xs, shares, strict=True) if s is not None]
+            axes[1].errorbar(
+                [x for x, _ in shown],
+                [100 * s.mean for _, s in shown],
+                yerr=[100 * s.se for _, s in shown],
+                marker="o",
+                ms=4,
+                capsize=3,
+                label=series,
+            )
+    axes[0].set_ylabel("held-out reward (mean, 95% CI)")
+    if pass_key:
+        axes[1].set_ylabel(f"pass@{max(ks)} of task success, % (mean ± SE over runs)")
+        axes[1].set_ylim(0, 100)
+    for ax in axes:
+        ax.set_xlabel(key)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+FIGURES = {
+    "outcomes.png": "held-out outcomes against the swept setting",
+    "participation_at.png": "participation at fixed decisions",
+    "reward_vs_flops.png": "reward vs training FLOPs",
+    "participation.png": "participation share per role",
+}
+"""The report's figures (file -> caption), in the order the report shows them."""
 
 
 def write_report(
@@ -652,8 +789,6 @@ def write_report(
     groups = group_by_strategy([read_run(client, run) for run in runs])
     rows = summarize(groups)
     out.mkdir(parents=True, exist_ok=True)
-    plot_reward_vs_flops(groups, out / "reward_vs_flops.png")
-    plot_participation(groups, out / "participation.png")
     source = f"sweep parent run `{parent}`" if parent else f"experiment `{experiment}`"
     sections = [f"# Strategy comparison ({source})", markdown_table(rows), verdict(rows)]
     if len(rows) > 1:
@@ -666,12 +801,15 @@ def write_report(
         outcome_table(groups),
     )
     sections += [table for table in tables if table]
-    if plot_participation_at(groups, out / "participation_at.png") is not None:
-        sections.append("![participation at fixed decisions](participation_at.png)")
-    sections += [
-        "![reward vs training FLOPs](reward_vs_flops.png)",
-        "![participation share per role](participation.png)",
+    for name in FIGURES:  # figures of an earlier report into ``out`` must not linger
+        (out / name).unlink(missing_ok=True)
+    drawn = [
+        plot_outcomes(rows, groups, out / "outcomes.png"),
+        plot_participation_at(groups, out / "participation_at.png"),
+        plot_reward_vs_flops(groups, out / "reward_vs_flops.png"),
+        plot_participation(groups, out / "participation.png"),
     ]
+    sections += [f"![{FIGURES[path.name]}]({path.name})" for path in drawn if path is not None]
     text = "\n\n".join(sections)
     (out / "report.md").write_text(text + "\n")
     return text
