@@ -1,13 +1,21 @@
-"""The rollout engine's settings: the KV cache and the compiled decode step (the decode loop
-itself is tested in test_agents.py, which also runs on the oldest transformers)."""
+"""The rollout engine: its settings (KV cache, compiled decode step; the decode loop itself is
+tested in test_agents.py, which also runs on the oldest transformers) and the bids of LoRA
+agents generated in one batch across their adapters."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.config import ConfigError, register_configs, validate
+from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
+from bidswarm.rollout.swarm import Swarm
+from bidswarm.rollout.usage import Usage
 from conftest import CONF
+from test_agents import ROLES, corpus, tiny_config
 
 register_configs()
 
@@ -23,3 +31,79 @@ def test_compiling_the_decode_step_needs_a_cache_of_fixed_shapes():
     cfg = compose_train(["model.kv_cache=dynamic", "model.compile_decode=true"])
     with pytest.raises(ConfigError, match=r"model\.kv_cache='dynamic': static or auto"):
         validate(cfg)
+
+
+# -- bids of LoRA agents in one generation batch -----------------------------------------------
+def lora_swarm(adapter: str, temperature: float) -> Swarm:
+    """Three agents whose replies differ from agent to agent and from prompt to prompt: large
+    random base weights, and (LoRA) each adapter's B perturbed (adapters start at B = 0)."""
+    torch.manual_seed(0)
+    population = Population.build(tiny_config(adapter=adapter), ROLES, 1, corpus())
+    with torch.no_grad():
+        for agent in population:
+            for name, parameter in agent.model.named_parameters():
+                if "lora_B" in name or (parameter.dim() == 2 and "lora_" not in name):
+                    parameter.normal_(0.0, 0.3)
+    env = CraftingEnv(CraftingConfig(max_decisions=6))
+    prompts = PromptTemplate.for_env(env, "compact", population[0].tokenizer, [0.0, 0.5, 1.0])
+    return Swarm(population, prompts, 3, 6, temperature)
+
+
+def worlds(seeds: range) -> list[CraftingEnv]:
+    envs = []
+    for seed in seeds:
+        env = CraftingEnv(CraftingConfig(max_decisions=6))
+        env.reset(seed)
+        envs.append(env)
+    return envs
+
+
+AGENTS = [0, 1, 2]
+ENVS = [worlds(range(0, 3)), worlds(range(1, 5)), worlds(range(7, 8))]
+
+
+def count_forwards(swarm: Swarm) -> list[int]:
+    """Rows of every forward of the real model (the transformer under peft's wrappers)."""
+    rows: list[int] = []
+    swarm.population[0].model.get_base_model().model.register_forward_hook(
+        lambda module, args, kwargs, output: rows.append(kwargs["input_ids"].shape[0]),
+        with_kwargs=True,
+    )
+    return rows
+
+
+def test_lora_agents_bid_in_one_generation_batch_what_they_bid_one_by_one():
+    swarm = lora_swarm("lora", temperature=0.0)
+    per_agent = [
+        swarm.bid(agent, envs, torch.Generator()) for agent, envs in zip(AGENTS, ENVS, strict=True)
+    ]
+    usage_per_agent, swarm.usage = swarm.usage, Usage()
+    forwards = count_forwards(swarm)
+    batched = swarm.bid_many(AGENTS, ENVS, torch.Generator())
+
+    assert batched == per_agent
+    assert swarm.usage == usage_per_agent  # tokens, FLOPs and bids counted per agent alike
+    assert len({bid.reply.text for bids in batched for bid in bids}) > 3  # adapters differ
+    assert forwards and len(forwards) <= swarm.max_bid_tokens  # one decode loop for all agents
+    assert set(forwards) == {sum(len(envs) for envs in ENVS)}
+
+
+def test_sampled_bids_across_adapters_are_reproducible():
+    swarm = lora_swarm("lora", temperature=1.0)
+
+    def sample(seed: int) -> list[list[str]]:
+        bids = swarm.bid_many(AGENTS, ENVS, torch.Generator().manual_seed(seed))
+        return [[bid.reply.text for bid in agent_bids] for agent_bids in bids]
+
+    assert sample(1) == sample(1)
+    assert sample(1) != sample(2)
+
+
+def test_agents_with_their_own_weights_bid_one_batch_each_as_before():
+    swarm = lora_swarm("full", temperature=1.0)
+    generator = torch.Generator().manual_seed(0)
+    one_by_one = [
+        swarm.bid(agent, envs, generator) for agent, envs in zip(AGENTS, ENVS, strict=True)
+    ]
+    # Sampled alike: the same draws from the generator, in the same order.
+    assert swarm.bid_many(AGENTS, ENVS, torch.Generator().manual_seed(0)) == one_by_one

@@ -233,7 +233,7 @@ class AgentPolicy(torch.nn.Module):
         generator: torch.Generator | None,
     ) -> list[Generation]:
         """The decode loop of :meth:`generate`; ``adapter_names`` routes each row through its
-        own LoRA adapter of the shared peft model."""
+        own LoRA adapter of the shared peft model (:func:`generate_across_adapters`)."""
         device = self.device
         stop = torch.tensor(self.stop_ids, device=device)
         routing = {} if adapter_names is None else {"adapter_names": adapter_names}
@@ -485,3 +485,42 @@ class AgentPolicy(torch.nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(directory)
         tokenizer.padding_side = "left"
         return cls(model, tokenizer, meta["role"], meta["max_prompt_tokens"], adapter=adapter)
+
+
+def share_one_lora_model(policies: Sequence[AgentPolicy]) -> bool:
+    """Whether ``policies`` are LoRA agents of one shared peft model (``model.adapter=lora``)."""
+    return all(p.adapter is not None and p.model is policies[0].model for p in policies)
+
+
+@torch.inference_mode()
+def generate_across_adapters(
+    policies: Sequence[AgentPolicy],
+    prompts: Sequence[list[str]],
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> list[list[Generation]]:
+    """``policies[i]``'s reply to each of ``prompts[i]``, all agents in one generation batch.
+
+    The agents share one peft model (:func:`share_one_lora_model`); each row runs through its
+    own agent's adapter (peft's mixed-adapter batches: ``adapter_names`` per row), so one
+    decode loop serves the whole population instead of one loop per agent. Greedy replies are
+    those of each agent's own :meth:`AgentPolicy.generate`. Sampled ones are drawn in another
+    order (one draw for all agents' rows per token): for the same ``generator`` they differ
+    from the per-agent calls' replies, and are as reproducible.
+    """
+    if not share_one_lora_model(policies):
+        raise ValueError("generation across adapters needs LoRA agents of one shared model")
+    encoded = [
+        policy.encode_prompts(list(texts)) for policy, texts in zip(policies, prompts, strict=True)
+    ]
+    rows = [ids for part in encoded for ids in part]
+    if not rows:
+        return [[] for _ in policies]
+    names = [policy.adapter for policy, part in zip(policies, encoded, strict=True) for _ in part]
+    generations = policies[0]._decode(rows, names, max_new_tokens, temperature, generator)
+    replies, start = [], 0
+    for part in encoded:
+        replies.append(generations[start : start + len(part)])
+        start += len(part)
+    return replies

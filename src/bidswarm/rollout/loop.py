@@ -174,13 +174,20 @@ class RolloutLoop:
     def _sample_bids(
         self, envs: list[TextEnv], bidders: list[list[int]], generator: torch.Generator
     ) -> list[dict[int, Bid]]:
-        """The bid of each named agent in each env, one generation batch per agent."""
+        """The bid of each named agent in each env: one generation batch per agent, or one
+        for all LoRA agents (:meth:`Swarm.bid_many`)."""
         bids: list[dict[int, Bid]] = [{} for _ in envs]
         wanted = [(agent, pos) for pos, agents in enumerate(bidders) for agent in agents]
-        for agent, requests in group_by(wanted, lambda request: request[0]):
-            positions = [pos for _, pos in requests]
-            sampled = self.swarm.bid(agent, [envs[pos] for pos in positions], generator)
-            for pos, bid in zip(positions, sampled, strict=True):
+        groups = group_by(wanted, lambda request: request[0])
+        agents = [agent for agent, _ in groups]
+        positions = [[pos for _, pos in requests] for _, requests in groups]
+        sampled = self.swarm.bid_many(
+            agents,
+            [[envs[pos] for pos in agent_positions] for agent_positions in positions],
+            generator,
+        )
+        for agent, agent_positions, agent_bids in zip(agents, positions, sampled, strict=True):
+            for pos, bid in zip(agent_positions, agent_bids, strict=True):
                 bids[pos][agent] = bid
         return bids
 

@@ -1,8 +1,9 @@
 """The swarm as the collector sees it: batched bids, actions and scores per agent, counted.
 
 Every call is batched per agent over many environments (one generation batch, left padding,
-KV cache; scoring in forwards of at most ``token_budget`` tokens) and counts the tokens it
-processed in the swarm's :class:`~bidswarm.rollout.usage.Usage` (PAPER.md section 5).
+KV cache; scoring in forwards of at most ``token_budget`` tokens); LoRA agents' bids are
+batched across agents too (:meth:`Swarm.bid_many`). Every call counts the tokens it processed
+in the swarm's :class:`~bidswarm.rollout.usage.Usage` (PAPER.md section 5).
 """
 
 from __future__ import annotations
@@ -12,7 +13,12 @@ from contextlib import contextmanager
 
 import torch
 
-from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.policy import (
+    AgentPolicy,
+    Generation,
+    generate_across_adapters,
+    share_one_lora_model,
+)
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.envs.base import TextEnv
@@ -95,8 +101,27 @@ class Swarm:
                 temperature=temperature or self.temperature,
                 generator=generator,
             )
+        return self._replies(agent, generations)
+
+    def _replies(self, agent: int, generations: list[Generation]) -> list[Reply]:
+        """``agent``'s generations as replies, their tokens counted as rollout tokens."""
         self._count_rollout(agent, sum(len(g.prompt_ids) + len(g.reply_ids) for g in generations))
         return [Reply(agent, g.prompt_ids, g.reply_ids, g.text) for g in generations]
+
+    def _bid_prompts(self, agent: int, envs: list[TextEnv], copies: int = 1) -> list[str]:
+        """``agent``'s bid prompt in each env, each ``copies`` times (consecutive)."""
+        role = self.role(agent)
+        prompts = [self.prompts.bid(role, env.observation(role)) for env in envs]
+        return [prompt for prompt in prompts for _ in range(copies)]
+
+    def _parse_bids(self, replies: list[Reply]) -> list[Bid]:
+        """Bids read from bid replies; a malformed reply bids 0 and is counted."""
+        bids = []
+        for reply in replies:
+            level, parsed = parse_bid(reply.text, self.bid_levels)
+            bids.append(Bid(level, reply, parsed))
+        self.usage.count_bids(bid.parsed for bid in bids)
+        return bids
 
     def bid(
         self,
@@ -108,19 +133,40 @@ class Swarm:
     ) -> list[Bid]:
         """``agent``'s bid in each env (each prompt ``copies`` times, consecutive), sampled at
         ``temperature`` (None: the swarm's). A malformed reply bids 0 and is counted."""
-        role = self.role(agent)
-        prompts = [self.prompts.bid(role, env.observation(role)) for env in envs]
-        prompts = [prompt for prompt in prompts for _ in range(copies)]
+        prompts = self._bid_prompts(agent, envs, copies)
         policy = self.bid_population.agents[agent]
         replies = self._generate(
             policy, agent, prompts, self.max_bid_tokens, generator, temperature
         )
-        bids = []
-        for reply in replies:
-            level, parsed = parse_bid(reply.text, self.bid_levels)
-            bids.append(Bid(level, reply, parsed))
-        self.usage.count_bids(bid.parsed for bid in bids)
-        return bids
+        return self._parse_bids(replies)
+
+    def bid_many(
+        self, agents: list[int], envs: list[list[TextEnv]], generator: torch.Generator
+    ) -> list[list[Bid]]:
+        """Each ``agents[i]``'s bid in each of ``envs[i]``, counted as :meth:`bid` counts them.
+
+        LoRA agents of one shared model bid in one generation batch across their adapters
+        (:func:`generate_across_adapters`: greedy bids equal :meth:`bid`'s; sampled ones are
+        drawn in another order, as reproducible); other agents bid one batch each.
+        """
+        policies = [self.bid_population.agents[agent] for agent in agents]
+        if len(agents) < 2 or not share_one_lora_model(policies):
+            return [
+                self.bid(agent, agent_envs, generator)
+                for agent, agent_envs in zip(agents, envs, strict=True)
+            ]
+        prompts = [
+            self._bid_prompts(agent, agent_envs)
+            for agent, agent_envs in zip(agents, envs, strict=True)
+        ]
+        with torch.no_grad():
+            generations = generate_across_adapters(
+                policies, prompts, self.max_bid_tokens, self.temperature, generator
+            )
+        return [
+            self._parse_bids(self._replies(agent, agent_generations))
+            for agent, agent_generations in zip(agents, generations, strict=True)
+        ]
 
     def bid_below(
         self,
