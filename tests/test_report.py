@@ -344,3 +344,25 @@ def test_long_panel_titles_wrap_at_commas():
     assert len(lines) == 3 and "".join(lines) == title
     assert all(len(line) <= 40 or "," not in line[:-1] for line in lines)
     assert report.wrapped("short") == "short"
+
+
+def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("adapt", str(tmp_path / "artifacts"))
+    runs = []
+    for seed, shift in ((0, 0.0), (1, 2.0)):
+        run_id = log_training_run(client, experiment_id, f"seed={seed}", [1.0, 2.0, 3.0, 4.0])
+        client.log_metric(run_id, "eval_before/reward/mean", 10.0 + shift, step=0)
+        client.log_metric(run_id, "eval_during/reward/mean", 20.0 + shift, step=2)  # after update 2
+        runs.append(report.read_run(client, client.get_run(run_id)))
+    # flops/total is 1e6 * (step + 1): update 2 (step 1) ends at 2e6, the last at 4e6
+    assert runs[0].heldout_curve == {
+        "before": (0.0, 10.0),
+        "update 2": (2e6, 20.0),
+        "after": (4e6, 4.0),
+    }
+    groups = report.group_by_strategy(runs)
+    drawn = report.plot_reward_vs_flops(groups, tmp_path / "curve.png")
+    assert drawn is not None and drawn.stat().st_size > 0

@@ -80,6 +80,9 @@ class RunResult:
     """``before`` / ``after`` -> role -> share of acting steps on the held-out worlds."""
     outcomes: dict[str, float] = field(default_factory=dict)
     """An evaluation run's success, pass@k, agents and FLOPs per decision (:data:`OUTCOMES`)."""
+    heldout_curve: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """A training run's held-out mean reward along training: ``before``, ``update <u>``
+    (``eval.every``), ``after`` -> (RL training FLOPs so far, reward) (:func:`heldout_curve`)."""
 
 
 @dataclass
@@ -185,6 +188,24 @@ def history(client: MlflowClient, run_id: str, key: str) -> list[float]:
     return [m.value for m in points]
 
 
+def heldout_curve(
+    client: MlflowClient, run_id: str, metrics: dict[str, float]
+) -> dict[str, tuple[float, float]]:
+    """Held-out mean reward of a training run against its RL training FLOPs: before RL (0),
+    every ``eval.every`` updates (``eval_during`` at step u: after update u, whose FLOPs are
+    logged at step u - 1) and after RL (the last update's FLOPs)."""
+    flops = {m.step: m.value for m in client.get_metric_history(run_id, "flops/total")}
+    points = {}
+    if "eval_before/reward/mean" in metrics:
+        points["before"] = (0.0, metrics["eval_before/reward/mean"])
+    for m in client.get_metric_history(run_id, "eval_during/reward/mean"):
+        if m.step - 1 in flops:
+            points[f"update {m.step}"] = (flops[m.step - 1], m.value)
+    if "eval_after/reward/mean" in metrics and flops:
+        points["after"] = (flops[max(flops)], metrics["eval_after/reward/mean"])
+    return points
+
+
 def folder_seed(run_dir: str | None) -> int | None:
     """The ``seed`` in a training run folder's ``resolved_config.yaml`` (None: no such file)."""
     config = Path(run_dir) / "resolved_config.yaml" if run_dir else None
@@ -253,6 +274,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         world_rewards=read_world_rewards(client, run.info.run_id, "eval_after"),
         before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
         participation=participation,
+        heldout_curve=heldout_curve(client, run.info.run_id, metrics),
     )
 
 
@@ -540,15 +562,45 @@ def plot_reward_vs_flops(groups: dict[str, list[RunResult]], path: Path) -> Path
         lower = [m - s for m, s in zip(reward, se, strict=True)]
         upper = [m + s for m, s in zip(reward, se, strict=True)]
         ax.fill_between(flops, lower, upper, alpha=0.2, color=line.get_color())
-    ax.set_xlabel("training FLOPs (rollout + updates)")
-    ax.set_ylabel("training episode reward")
-    ax.set_title("Reward vs training FLOPs (mean ± SE)")
+        draw_heldout_points(ax, results, line.get_color())
+    ax.set_xlabel("RL training FLOPs (rollout + updates)")
+    ax.set_ylabel("episode reward")
+    ax.set_title(
+        "Reward vs training FLOPs: training episodes (line, ± SE),\n"
+        "held-out worlds (squares, 95% CI over runs)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def draw_heldout_points(ax: plt.Axes, results: list[RunResult], color: str) -> None:
+    """A strategy's held-out rewards along training (:attr:`RunResult.heldout_curve`), each
+    point the mean over the runs that measured it, at their mean FLOPs, with the 95% t
+    interval over those runs (none for one run), joined by a dashed line."""
+    xs, means, errors = [], [], []
+    for label in {label for r in results for label in r.heldout_curve}:
+        points = [r.heldout_curve[label] for r in results if label in r.heldout_curve]
+        summary = statistics.summarize([reward for _, reward in points])
+        xs.append(sum(x for x, _ in points) / len(points))
+        means.append(summary.mean)
+        errors.append(summary.ci_high - summary.mean)
+    if xs:
+        order = sorted(range(len(xs)), key=lambda i: xs[i])
+        ax.errorbar(
+            [xs[i] for i in order],
+            [means[i] for i in order],
+            yerr=[errors[i] for i in order],
+            fmt="s--",
+            ms=5,
+            capsize=3,
+            color=color,
+            alpha=0.9,
+        )
 
 
 def plot_participation(groups: dict[str, list[RunResult]], path: Path) -> Path | None:
