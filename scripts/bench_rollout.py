@@ -3,7 +3,11 @@
 One decision: every agent bids for every live environment, the highest bid acts (argmax, ties
 to the first agent), its action is generated, the environment steps. The batched path asks
 each agent once per decision step for all environments (one batch, left padding, KV cache,
-shared prompt prefix computed once); the naive path asks one prompt at a time.
+shared prompt prefix computed once), with a dynamic KV cache and, side by side, with a static
+one (``model.kv_cache``; on CUDA also with the compiled decode step, ``model.compile_decode``);
+the naive path asks one prompt at a time. LoRA agents' bids (the tiny model with
+``model.adapter=lora``) are measured one generation batch per agent against one batch across
+all adapters (``generate_across_adapters``).
 
     .venv/bin/python scripts/bench_rollout.py                       # default, ~3 min on 2 cores
     .venv/bin/python scripts/bench_rollout.py --tiny-envs 64 --smollm-envs 32 --smollm-rounds 3
@@ -14,6 +18,7 @@ On an accelerator (``--device cuda``) it also measures the rollout engine on a r
 memory-bandwidth roofline (weights + KV cache bytes per step / ``--memory-bandwidth``), and the
 MFU of a prefill and of a training step (forward + backward) against the measured bf16 matmul
 peak (FLOPs: 2 or 6 x non-embedding parameters x tokens; attention and the head are left out).
+The decode figures are taken for each KV cache path (dynamic, static, static + compiled step).
 
 Progress goes to stderr; the last line of stdout is one JSON object with the figures.
 """
@@ -29,10 +34,15 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bidswarm.agents.policy import AgentPolicy, left_pad, positions_from_mask
+from bidswarm.agents.policy import (
+    AgentPolicy,
+    generate_across_adapters,
+    left_pad,
+    positions_from_mask,
+)
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
-from bidswarm.config import ModelConfig
+from bidswarm.config import Adapter, ModelConfig
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import play_expert_episode
@@ -40,6 +50,34 @@ from bidswarm.run import action_token_budget, budget_worlds, expert_demonstratio
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
+DECODE_PATHS = {  # name: (model.kv_cache, model.compile_decode)
+    "dynamic": ("dynamic", False),
+    "static": ("static", False),
+    "static_compiled": ("static", True),
+}
+"""The decode paths measured side by side; the compiled one on CUDA only (CUDA graphs)."""
+
+
+def decode_paths(device: str) -> list[str]:
+    return [name for name in DECODE_PATHS if device == "cuda" or name != "static_compiled"]
+
+
+def use_decode_path(population: Population, path: str) -> None:
+    for agent in population:
+        agent.kv_cache, agent.compile_decode = DECODE_PATHS[path]
+
+
+def warmed_up(path: str, run) -> bool:
+    """Whether the warm-up ``run()`` of ``path`` worked. A compiled path that fails (no Triton,
+    a compiler error) is reported and left out: the check's other figures still come back."""
+    try:
+        run()
+    except Exception as error:
+        if not DECODE_PATHS[path][1]:
+            raise
+        progress(f"{path} left out: {type(error).__name__}: {str(error)[:500]}")
+        return False
+    return True
 
 
 def progress(message: str) -> None:
@@ -126,21 +164,80 @@ class Bench:
         return len(envs)
 
 
-def compare_paths(bench: Bench, n_envs: int, naive_envs: int, rounds: int) -> tuple[float, float]:
-    """Decisions per second of the batched and the naive path, measured in alternating rounds
-    so that both see the same load on a shared machine."""
-    batched_envs, naive_envs_list = bench.fresh_envs(n_envs), bench.fresh_envs(naive_envs)
-    seconds = {"batched": 0.0, "naive": 0.0}
-    decisions = {"batched": 0, "naive": 0}
+def compare_paths(
+    bench: Bench, n_envs: int, naive_envs: int, rounds: int, device: str
+) -> dict[str, float]:
+    """Decisions per second of the batched path with each KV cache (:data:`DECODE_PATHS`) and of
+    the naive path (dynamic cache), measured in alternating rounds so that all see the same
+    load on a shared machine."""
+    batched = []
+    for path in decode_paths(device):  # warm-up (allocator, kernels, compilation)
+        use_decode_path(bench.population, path)
+        if warmed_up(path, lambda: bench.batched_step(bench.fresh_envs(2))):
+            batched.append(path)
+    envs = {path: bench.fresh_envs(n_envs) for path in batched}
+    envs["naive"] = bench.fresh_envs(naive_envs)
+    seconds = dict.fromkeys(envs, 0.0)
+    decisions = dict.fromkeys(envs, 0)
     for _ in range(rounds):
-        for path, step, envs in [
-            ("batched", bench.batched_step, batched_envs),
-            ("naive", bench.naive_step, naive_envs_list),
-        ]:
+        for path in envs:
+            use_decode_path(bench.population, "dynamic" if path == "naive" else path)
+            step = bench.naive_step if path == "naive" else bench.batched_step
+            synchronize(torch.device(device))
             start = time.perf_counter()
-            decisions[path] += step(envs)
+            decisions[path] += step(envs[path])
+            synchronize(torch.device(device))
             seconds[path] += time.perf_counter() - start
-    return decisions["batched"] / seconds["batched"], decisions["naive"] / seconds["naive"]
+    return {path: decisions[path] / seconds[path] for path in envs}
+
+
+def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[str, float]:
+    """Bids per second of LoRA agents (``name``, a model built from its shape, with
+    ``model.adapter=lora``): one generation batch per agent against one batch across all
+    adapters, in alternating rounds."""
+    cfg = model_config(name)
+    cfg.adapter = Adapter.lora
+    env = CraftingEnv(CraftingConfig())
+    torch.manual_seed(0)
+    corpus = tokenizer_corpus(env, PromptTemplate.for_env(env, cfg.prompt_style, None, LEVELS), 8)
+    with torch.device(device):
+        population = Population.build(cfg, list(env.roles), 1, corpus)
+    template = PromptTemplate.for_env(env, cfg.prompt_style, population[0].tokenizer, LEVELS)
+    bench = Bench(population, template, cfg, cfg.max_bid_tokens)
+    envs = bench.fresh_envs(n_envs)
+    prompts = [
+        [template.bid(agent.role, env.observation(agent.role)) for env in envs]
+        for agent in population
+    ]
+
+    def per_agent():
+        for agent, agent_prompts in zip(population, prompts, strict=True):
+            agent.generate(agent_prompts, cfg.max_bid_tokens, cfg.temperature, bench.generator)
+
+    def across_adapters():
+        generate_across_adapters(
+            list(population), prompts, cfg.max_bid_tokens, cfg.temperature, bench.generator
+        )
+
+    paths = {"per_agent": per_agent, "across_adapters": across_adapters}
+    seconds = dict.fromkeys(paths, 0.0)
+    for run in paths.values():
+        run()  # warm-up
+    for _ in range(rounds):
+        for path, run in paths.items():
+            synchronize(torch.device(device))
+            start = time.perf_counter()
+            run()
+            synchronize(torch.device(device))
+            seconds[path] += time.perf_counter() - start
+    bids = rounds * n_envs * len(population)
+    result = {f"{name}/lora_bids_per_s/{path}": bids / seconds[path] for path in paths}
+    result[f"{name}/lora_bids/across_over_per_agent"] = (
+        seconds["per_agent"] / seconds["across_adapters"]
+    )
+    for key, value in result.items():
+        progress(f"{key}: {value:.4g}")
+    return result
 
 
 def bench_model(
@@ -162,10 +259,11 @@ def bench_model(
     demos = expert_demonstrations(env, budget_worlds(env), LEVELS)
     budget = action_token_budget(cfg.max_action_tokens, demos, template, population[0].tokenizer)
     bench = Bench(population, template, cfg, budget)
-    bench.batched_step(bench.fresh_envs(2))  # warm-up (allocator, kernels)
-    batched, naive = compare_paths(bench, n_envs, naive_envs, rounds)
-    progress(f"{name}: batched {batched:.2f} decisions/s ({n_envs} envs x {rounds} rounds)")
-    progress(f"{name}: naive {naive:.2f} decisions/s ({naive_envs} envs x {rounds} rounds)")
+    rates = compare_paths(bench, n_envs, naive_envs, rounds, device)
+    batched, naive = rates["dynamic"], rates["naive"]
+    for path, rate in rates.items():
+        envs = naive_envs if path == "naive" else n_envs
+        progress(f"{name}: {path} {rate:.2f} decisions/s ({envs} envs x {rounds} rounds)")
     result = {
         f"{name}/envs": float(n_envs),
         f"{name}/batched_decisions": float(n_envs * rounds),
@@ -174,6 +272,9 @@ def bench_model(
         f"{name}/naive_decisions_per_s": naive,
         f"{name}/speedup": batched / naive,
     }
+    for path in [path for path in rates if path not in ("dynamic", "naive")]:
+        result[f"{name}/batched_{path}_decisions_per_s"] = rates[path]
+        result[f"{name}/{path}_over_dynamic"] = rates[path] / batched
     if cfg.source != "tiny" and device == "cpu":
         result.update(prefill_efficiency(name, population[0], template, bench, n_envs))
     return result
@@ -247,8 +348,11 @@ def engine_figures(
     def generate():
         agent.generate(prompts, new_tokens, 1.0, bench.generator)
 
-    generate_s = timed_best(generate, device)
-    decode_s = max(generate_s - prefill_s, 1e-9)
+    decode_s = {}
+    for path in decode_paths(device.type):
+        use_decode_path(bench.population, path)
+        if warmed_up(path, generate):
+            decode_s[path] = max(timed_best(generate, device) - prefill_s, 1e-9)
     head_dim = model.head_dim or model.hidden_size // model.num_attention_heads
     kv_per_token = 2 * model.num_hidden_layers * model.num_key_value_heads * head_dim
     kv_per_token *= agent.model.dtype.itemsize
@@ -273,12 +377,16 @@ def engine_figures(
         "prefill_tokens": float(tokens),
         "prefill_s": prefill_s,
         "prefill_mfu": 2 * dense * tokens / prefill_s / peak,
-        "decode_tokens_per_s": n_envs * (new_tokens - 1) / decode_s,
-        "decode_fraction_of_roofline": roofline_s / decode_s,
+        "decode_tokens_per_s": n_envs * (new_tokens - 1) / decode_s["dynamic"],
+        "decode_fraction_of_roofline": roofline_s / decode_s["dynamic"],
         "train_tokens": float(train_tokens),
         "train_step_s": train_s,
         "train_step_mfu": 6 * dense * train_tokens / train_s / peak,
     }
+    for path in [path for path in decode_s if path != "dynamic"]:
+        figures[f"decode_tokens_per_s_{path}"] = n_envs * (new_tokens - 1) / decode_s[path]
+        figures[f"decode_fraction_of_roofline_{path}"] = roofline_s / decode_s[path]
+        figures[f"decode_{path}_over_dynamic"] = decode_s["dynamic"] / decode_s[path]
     for key, value in figures.items():
         progress(f"{name}/engine/{key}: {value:.4g}")
     return {f"{name}/engine/{key}": value for key, value in figures.items()}
@@ -376,6 +484,7 @@ def main() -> None:
     figures.update(
         bench_model("tiny", args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device)
     )
+    figures.update(compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device))
     if not args.skip_smollm:
         torch.set_num_threads(args.threads or default_threads)
         figures["smollm2_135m/threads"] = float(torch.get_num_threads())
@@ -400,6 +509,7 @@ def main() -> None:
                 args.engine_matmul,
             )
         )
+        figures.update(compare_lora_bids(shape, args.engine_envs, 2, args.device))
     print(json.dumps(figures))
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
-# one go (~8 minutes on an H200), ending with one JSON summary on stdout:
+# one go (~10 minutes on an H200), ending with one JSON summary on stdout:
 #
 #   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
 #
@@ -12,7 +12,10 @@
 #    checkpointing, micro-batches) at 32 envs x 120 decisions, action and bid update; then
 #    twelve llama_4b LoRA agents on one shared base;
 # 4. engine: scripts/bench_rollout.py --device cuda: tiny-model rollouts on the GPU, and on the
-#    llama_1b shape decode tokens/s vs the memory roofline, prefill and training-step MFU.
+#    llama_1b shape decode tokens/s vs the memory roofline, prefill and training-step MFU; the
+#    decode paths side by side (dynamic KV cache, static, static + CUDA-graph-compiled step:
+#    `*_over_dynamic`), and LoRA bids in one batch across adapters vs one batch per agent
+#    (`lora_bids/across_over_per_agent`, tiny and llama_1b).
 #
 # Each stage has a time limit and records its exit code; a failed stage does not stop the
 # others. Python: $PYTHON, else .venv/bin/python, else python3. Packages missing from it are
@@ -71,7 +74,7 @@ if [ "$DEVICE" = cuda ] || [ -n "${GPU_CHECK_MODEL:-}" ]; then
   stage memory_full 90 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
   stage memory_lora 40 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
     --adapter lora
-  stage engine 70 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
+  stage engine 180 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
     --tiny-rounds 2 --shape-model "${GPU_CHECK_ENGINE_MODEL:-llama_1b}"
 fi
 
