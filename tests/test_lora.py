@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
-from bidswarm.agents.population import LORA_BASE_FOLDER, Population
+from bidswarm.agents.population import LORA_BASE_FOLDER, POPULATION_FILE, Population
+from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.losses import reinforce_loss
+from bidswarm.config import RLConfig
+from bidswarm.coordination import Auction
+from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
+from bidswarm.evaluate import build_loop
+from bidswarm.lit.callbacks import LAST
+from bidswarm.lit.swarm_module import SwarmModule
+from bidswarm.rollout.collector import Collector
+from bidswarm.rollout.evaluation import evaluate
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.swarm import Swarm
 from test_agents import ROLES, corpus, tiny_config
+from test_evaluate import evaluation_config
+from test_train import run_cli
 
 pytest.importorskip("peft")
 
@@ -111,3 +128,114 @@ def test_replicas_of_lora_agents_are_new_adapters_on_the_same_base(swarm):
     assert not torch.equal(first[-1], second[-1])
     groups = [{"params": agent.trainable_parameters()} for agent in replicated]
     torch.optim.AdamW(groups)  # refuses a parameter in two groups
+
+
+def test_populations_of_one_run_share_one_saved_base(swarm, tmp_path):
+    """A run's ``sft/`` and ``final/`` name one ``base/``: the frozen base is written once."""
+    base = tmp_path / LORA_BASE_FOLDER
+    randomize_adapters(swarm)
+    after_sft = reply_logprobs(swarm)
+    swarm.save_pretrained(tmp_path / "sft", base)
+    written = {path: path.stat().st_mtime_ns for path in base.rglob("*")}
+    randomize_adapters(swarm)  # "RL" changes the adapters, never the base
+    after_rl = reply_logprobs(swarm)
+    swarm.save_pretrained(tmp_path / "final", base)
+
+    assert {path: path.stat().st_mtime_ns for path in base.rglob("*")} == written
+    for folder, expected in (("sft", after_sft), ("final", after_rl)):
+        assert not (tmp_path / folder / LORA_BASE_FOLDER).exists()
+        meta = json.loads((tmp_path / folder / POPULATION_FILE).read_text())
+        assert meta["base"] == f"../{LORA_BASE_FOLDER}"
+        for want, got in zip(
+            expected, reply_logprobs(Population.from_pretrained(tmp_path / folder)), strict=True
+        ):
+            torch.testing.assert_close(got, want)
+
+    shutil.rmtree(base)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        Population.from_pretrained(tmp_path / "final")
+
+
+def learner_of(population: Population) -> SwarmModule:
+    env = CraftingEnv(CraftingConfig(max_decisions=6))
+    levels = [0.0, 0.5, 1.0]
+    prompts = PromptTemplate.for_env(env, "compact", population[0].tokenizer, levels)
+    loop = RolloutLoop(
+        lambda: CraftingEnv(CraftingConfig(max_decisions=6)),
+        Swarm(population, prompts, 3, 6, 1.0),
+        Auction(),
+    )
+    collector = Collector(loop, RLConfig(), "bucket_brigade", env.train_seeds(), seed=0)
+    return SwarmModule(population, collector, RLConfig(), temperature=1.0)
+
+
+def test_a_lora_checkpoint_holds_the_adapters_only_and_must_hold_them_all(swarm):
+    learner = learner_of(swarm)
+    checkpoint = {"state_dict": learner.state_dict()}
+    learner.on_save_checkpoint(checkpoint)
+
+    saved = checkpoint["state_dict"]
+    adapters = {id(p) for agent in swarm for p in agent.trainable_parameters()}
+    assert len(saved) == len(adapters)  # each adapter once, though every agent holds the model
+    assert all(".lora_" in key for key in saved)
+    learner.on_load_checkpoint(checkpoint)
+
+    incomplete = dict(checkpoint, state_dict=dict(list(saved.items())[1:]))
+    with pytest.raises(RuntimeError, match="missing 1 keys"):
+        learner.on_load_checkpoint(incomplete)
+    base_weight = next(k for k in learner.state_dict() if k not in saved)
+    unexpected = dict(checkpoint, state_dict=saved | {base_weight: torch.zeros(1)})
+    with pytest.raises(RuntimeError, match="unexpected 1 keys"):
+        learner.on_load_checkpoint(unexpected)
+
+
+def adapter_weights(folder: Path) -> list[torch.Tensor]:
+    return [p for agent in Population.from_pretrained(folder) for p in agent.trainable_parameters()]
+
+
+@pytest.mark.slow
+def test_a_lora_run_checkpoints_adapters_resumes_and_is_evaluated(tmp_path):
+    """A LoRA run stopped after one update checkpoints the adapters only; resumed, it ends with
+    the adapters of an uninterrupted run; evaluation (with replicas) loads them back."""
+    common = (
+        "debug=smoke",
+        "model.adapter=lora",
+        "rl.cycles=1",
+        "eval.before_rl=false",
+        "logger=csv",
+        # The tiny swarm earns no reward in a smoke run, so its policy gradients are zero;
+        # weight decay still moves every adapter that acted, so a resume that lost the
+        # checkpoint's adapters (or their optimizer state) would end elsewhere.
+        "rl.weight_decay=0.5",
+        "rl.lr=0.01",
+    )
+    whole = run_cli(tmp_path, *common, name="whole")
+    stopped = run_cli(tmp_path, *common, "rl.stop_after=1", name="stopped")
+
+    saved = torch.load(stopped / "checkpoints" / LAST, weights_only=False)["state_dict"]
+    assert saved and all(".lora_" in key for key in saved)
+    sft = Population.from_pretrained(stopped / "sft")[0].model.named_parameters()
+    at_sft = {f"population.agents.0.model.{name}": p for name, p in sft if ".lora_" in name}
+    assert saved.keys() == at_sft.keys()
+    assert any(not torch.equal(saved[key], at_sft[key]) for key in saved)  # the update's
+    assert (stopped / LORA_BASE_FOLDER / "config.json").is_file()
+    assert not (stopped / "sft" / LORA_BASE_FOLDER).exists()
+
+    run_cli(tmp_path, *common, f"resume={stopped}", name="resumed")
+    assert not (stopped / "final" / LORA_BASE_FOLDER).exists()
+    trained = adapter_weights(whole / "final")
+    assert any(
+        not torch.equal(a, b) for a, b in zip(adapter_weights(whole / "sft"), trained, strict=True)
+    )
+    for want, got in zip(trained, adapter_weights(stopped / "final"), strict=True):
+        torch.testing.assert_close(got, want)
+
+    loop = build_loop(evaluation_config(stopped, tmp_path, "replicas=2"))
+    agents, final = loop.swarm.population, Population.from_pretrained(stopped / "final")
+    assert len(agents) == 2 * len(final) and len({id(agent.model) for agent in agents}) == 1
+    for index, agent in enumerate(agents):
+        source = final[index // 2].trainable_parameters()
+        pairs = zip(agent.trainable_parameters(), source, strict=True)
+        assert all(torch.equal(got, want) for got, want in pairs)
+    result = evaluate(loop, loop.make_env().heldout_seeds()[:1], runs_per_seed=1, seed=0)
+    assert result.episodes

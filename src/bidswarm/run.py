@@ -2,7 +2,8 @@
 
 Everything a resumed (or DDP child) process needs to pick the run up again lives in the run
 folder: ``state.json`` (phases done, held-out results, MLflow run id), ``sft/`` (the population
-after the cold start), ``checkpoints/last.ckpt`` (agents, optimizer, RNG, schedule position,
+after the cold start; LoRA agents: their adapters, on the frozen base in ``base/``),
+``checkpoints/last.ckpt`` (agents or their LoRA adapters, optimizer, RNG, schedule position,
 counters, MLflow run id). Both files are replaced atomically, so a kill at any moment leaves
 the last complete ones (docs/reliability.md).
 """
@@ -27,7 +28,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from bidswarm import console, tracking, transcripts
 from bidswarm import metric_names as names
-from bidswarm.agents.population import POPULATION_FILE, Population, agent_folder_name
+from bidswarm.agents.population import (
+    LORA_BASE_FOLDER,
+    POPULATION_FILE,
+    Population,
+    agent_folder_name,
+)
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.credit import make_credit_rule
 from bidswarm.config import check_machine, validate
@@ -497,7 +503,7 @@ class Run:
             )
             self.state["sft"] = result
         if rank_zero_only.rank == 0:
-            self.population.save_pretrained(self.run_dir / "sft")
+            self.population.save_pretrained(self.run_dir / "sft", self.lora_base_folder)
         self.state["sft_done"] = True
         self.save_state()
 
@@ -587,7 +593,7 @@ class Run:
         """Save the trained agents, plot, and print where to look."""
         if rank_zero_only.rank != 0:
             return
-        self.population.save_pretrained(self.run_dir / "final")
+        self.population.save_pretrained(self.run_dir / "final", self.lora_base_folder)
         name = tracking.run_name()
         sft_flops = self.sft_flops()
         rl_flops = self.history[-1]["flops/total"] if self.history else 0.0
@@ -632,12 +638,24 @@ class Run:
             total += 6.0 * sum(p.numel() for p in agent.parameters()) * tokens
         return total
 
+    @property
+    def lora_base_folder(self) -> Path:
+        """Where LoRA agents' frozen base model is written, once per run (``base/``): the
+        run's populations (``sft/``, ``final/``) name it instead of each holding a copy."""
+        return self.run_dir / LORA_BASE_FOLDER
+
     def log_agents(self, folder: Path) -> None:
-        """The trained agents (``final/``) as the artifact ``final/``, unless larger than
+        """The trained agents (``final/``, with the run's LoRA ``base/`` it names) as the
+        artifacts ``final/`` (and ``base/``), unless larger than
         :data:`AGENTS_ARTIFACT_LIMIT_MB` (then the tag ``bidswarm.final`` says where they are)."""
-        size_mb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+        folders = [folder]
+        if self.population.is_lora:
+            folders.append(self.lora_base_folder)
+        files = [f for part in folders for f in part.rglob("*") if f.is_file()]
+        size_mb = sum(f.stat().st_size for f in files) / 2**20
         if size_mb <= AGENTS_ARTIFACT_LIMIT_MB:
-            self.log_artifact(folder)
+            for part in folders:
+                self.log_artifact(part)
         elif isinstance(self.logger, MLFlowLogger):
             limit = AGENTS_ARTIFACT_LIMIT_MB
             note = f"{folder.resolve()} ({size_mb:.0f} MB, over the {limit} MB limit)"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import shutil
 from pathlib import Path
 
 import torch
@@ -39,6 +41,11 @@ class Population(torch.nn.Module):
     @property
     def roles(self) -> list[str | None]:
         return [agent.role for agent in self.agents]
+
+    @property
+    def is_lora(self) -> bool:
+        """Whether the agents are LoRA adapters on one shared frozen base model."""
+        return self.agents[0].adapter is not None
 
     def __len__(self) -> int:
         return len(self.agents)
@@ -112,7 +119,7 @@ class Population(torch.nn.Module):
             raise ValueError(f"coordination.replicas={replicas} must be >= 1")
         if replicas == 1:
             return self
-        if self.agents[0].adapter is None:
+        if not self.is_lora:
             return Population(
                 [copy.deepcopy(agent) for agent in self.agents for _ in range(replicas)]
             )
@@ -151,37 +158,55 @@ class Population(torch.nn.Module):
             parameter.requires_grad_("lora_" in name)
         return Population(agents)
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``; LoRA
-        agents write their adapters only, and the shared base model is written once
-        (``base/``)."""
+    def save_pretrained(self, directory: str | Path, base_folder: str | Path | None = None) -> None:
+        """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``.
+
+        LoRA agents write their adapters only. The frozen base model they share goes to
+        ``base_folder`` (default ``directory/base``), unless that folder exists already (the
+        base is frozen: what is there is this base), and ``population.json`` names it by its
+        path relative to ``directory`` (``"base": "../base"``). A training run passes one
+        ``base_folder`` for all its populations (``sft/``, ``final/``): the base is written
+        once per run, and a population folder is moved or copied together with its base.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.agents[0].adapter is not None:
-            save_lora_base(self.agents[0].model, directory / LORA_BASE_FOLDER)
+        meta: dict[str, object] = {}
+        if self.is_lora:
+            base = Path(base_folder) if base_folder is not None else directory / LORA_BASE_FOLDER
+            if not base.is_dir():
+                save_lora_base(self.agents[0].model, base)
+            meta["base"] = os.path.relpath(base.resolve(), directory.resolve())
         folders = []
         for index, agent in enumerate(self.agents):
             folder = agent_folder_name(index, agent.role)
             agent.save_pretrained(directory / folder)
             folders.append(folder)
-        meta = {"agents": folders, "roles": self.roles}
+        meta = {"agents": folders, "roles": self.roles} | meta
         (directory / POPULATION_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32):
-        """The population saved by :meth:`save_pretrained` (agents in their saved order)."""
+        """The population saved by :meth:`save_pretrained` (agents in their saved order); LoRA
+        adapters are loaded onto the base model that ``population.json`` names."""
         directory = Path(directory)
         meta_path = directory / POPULATION_FILE
-        if meta_path.is_file():
-            folders = json.loads(meta_path.read_text())["agents"]
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if "agents" in meta:
+            folders = meta["agents"]
         else:
             found = [p.name for p in directory.iterdir() if re.fullmatch(r"agent\d+_.+", p.name)]
             folders = sorted(found, key=lambda name: int(name[5:].split("_")[0]))
         if not folders:
             raise FileNotFoundError(f"{directory} holds no saved agents")
+        base_folder = directory / meta.get("base", LORA_BASE_FOLDER)
+        if "base" in meta and not base_folder.is_dir():
+            raise FileNotFoundError(
+                f"{directory} holds LoRA adapters of the base model in {base_folder}, which is "
+                "missing: keep a population folder beside its base (a run's base/)"
+            )
         base = None
-        if (directory / LORA_BASE_FOLDER).is_dir():
-            base = AutoModelForCausalLM.from_pretrained(directory / LORA_BASE_FOLDER, dtype=dtype)
+        if base_folder.is_dir():
+            base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=dtype)
         agents = []
         for folder in folders:
             agent = AgentPolicy.from_pretrained(directory / folder, dtype, lora_base=base)
@@ -211,7 +236,8 @@ def with_lora_adapters(model: PreTrainedModel, lora: LoraSettings, names: list[s
 
 
 def save_lora_base(shared: torch.nn.Module, folder: Path) -> None:
-    """The frozen base model of a peft model, as a plain HF folder (LoRA layers stripped)."""
+    """The frozen base model of a peft model, as a plain HF folder (LoRA layers stripped).
+    Written beside ``folder`` and renamed into place: ``folder`` exists only when complete."""
     base = shared.get_base_model()
     state = {
         name.replace(".base_layer", ""): tensor
@@ -221,4 +247,7 @@ def save_lora_base(shared: torch.nn.Module, folder: Path) -> None:
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
     plain.load_state_dict(state, assign=True)
-    plain.save_pretrained(folder)
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    plain.save_pretrained(partial)
+    os.replace(partial, folder)
