@@ -20,7 +20,8 @@ MFU of a prefill and of a training step (forward + backward) against the measure
 peak (FLOPs: 2 or 6 x non-embedding parameters x tokens; attention and the head are left out).
 The decode figures are taken for each KV cache path (dynamic, static, static + compiled step).
 
-Progress goes to stderr; the last line of stdout is one JSON object with the figures.
+Progress goes to stderr. Each finished section (engine figures first) prints one JSON line
+with every figure so far: the last line of stdout is the result, whole or as far as it got.
 """
 
 from __future__ import annotations
@@ -479,28 +480,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     default_threads = torch.get_num_threads()
-    torch.set_num_threads(args.tiny_threads)
-    figures: dict[str, float] = {"tiny/threads": float(args.tiny_threads)}
-    figures.update(
-        bench_model("tiny", args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device)
-    )
-    figures.update(compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device))
-    if not args.skip_smollm:
-        torch.set_num_threads(args.threads or default_threads)
-        figures["smollm2_135m/threads"] = float(torch.get_num_threads())
-        figures.update(
-            bench_model(
-                "smollm2_135m",
-                args.smollm_envs,
-                args.smollm_rounds,
-                args.smollm_naive_envs,
-                args.device,
-            )
-        )
+    figures: dict[str, float] = {}
+    sections = []
     shape = args.shape_model or ("llama_1b" if args.device != "cpu" else None)
-    if shape:
-        figures.update(
-            engine_figures(
+    if shape:  # the issue's targets first: a check cut short by its time limit still has them
+        sections.append(
+            lambda: engine_figures(
                 shape,
                 torch.device(args.device),
                 args.engine_envs,
@@ -509,8 +494,37 @@ def main() -> None:
                 args.engine_matmul,
             )
         )
-        figures.update(compare_lora_bids(shape, args.engine_envs, 2, args.device))
-    print(json.dumps(figures))
+
+    def tiny() -> dict[str, float]:
+        torch.set_num_threads(args.tiny_threads)
+        return {"tiny/threads": float(args.tiny_threads)} | bench_model(
+            "tiny", args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device
+        )
+
+    sections += [
+        tiny,
+        lambda: compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device),
+    ]
+    if not args.skip_smollm:
+
+        def smollm() -> dict[str, float]:
+            torch.set_num_threads(args.threads or default_threads)
+            return {"smollm2_135m/threads": float(torch.get_num_threads())} | bench_model(
+                "smollm2_135m",
+                args.smollm_envs,
+                args.smollm_rounds,
+                args.smollm_naive_envs,
+                args.device,
+            )
+
+        sections.append(smollm)
+    if shape:
+        sections.append(lambda: compare_lora_bids(shape, args.engine_envs, 2, args.device))
+    for section in sections:
+        figures.update(section())
+        # One JSON line per finished section, each holding every figure so far: the last line
+        # is the whole result, or as much of it as a time limit let finish.
+        print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

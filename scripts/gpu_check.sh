@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
-# one go (~10 minutes on an H200), ending with one JSON summary on stdout:
+# one go (at most 7.8 minutes: the stages' limits), ending with one JSON summary on stdout:
 #
 #   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
 #
@@ -44,10 +44,10 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/N
   timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
   rc=$?
   printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - start ))" >> "$DIR/stages.tsv"
-  tail -n 1 "$DIR/$name.log" > "$DIR/$name.last"
+  grep "^{" "$DIR/$name.log" | tail -n 1 > "$DIR/$name.last"  # the last JSON line
 }
 
-stage environment 30 "$PY" - <<'PY'
+stage environment 20 "$PY" - <<'PY'
 import importlib, json, torch
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": None}
 if torch.cuda.is_available():
@@ -60,7 +60,7 @@ for name in ["transformers", "lightning", "deepspeed", "peft", "hydra", "mlflow"
         info[name] = f"missing: {type(error).__name__}: {error}"[:200]
 print(json.dumps(info))
 PY
-stage strategies 250 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA \
+stage strategies 200 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA \
   --junitxml="$DIR/strategies.xml" tests/test_strategies.py
 # Without CUDA the memory and engine stages run only when asked for with small models
 # (GPU_CHECK_MODEL=tiny GPU_CHECK_ENGINE_MODEL=tiny: a check of this script itself).
@@ -74,7 +74,7 @@ if [ "$DEVICE" = cuda ] || [ -n "${GPU_CHECK_MODEL:-}" ]; then
   stage memory_full 90 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
   stage memory_lora 40 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
     --adapter lora
-  stage engine 180 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
+  stage engine 120 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
     --tiny-rounds 2 --shape-model "${GPU_CHECK_ENGINE_MODEL:-llama_1b}"
 fi
 
