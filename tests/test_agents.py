@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -55,6 +57,22 @@ def template(agent: AgentPolicy) -> PromptTemplate:
 
 
 # -- tokenizer ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def forward_input_shapes(agent):
+    """The ``input_ids`` shape of every forward pass of the agent's model inside the block."""
+    shapes = []
+    hook = agent.model.model.register_forward_hook(
+        lambda module, args, kwargs, output: shapes.append(kwargs["input_ids"].shape),
+        with_kwargs=True,
+    )
+    try:
+        yield shapes
+    finally:
+        hook.remove()
+
+
 def test_tokenizer_keeps_task_words_and_numbers_whole_and_round_trips(tmp_path):
     tokenizer = build_tokenizer(corpus(), vocab_size=512)
     # A word after a space (as in every prompt) is one token, its space included.
@@ -249,13 +267,8 @@ def test_static_kv_cache_generates_what_the_dynamic_one_does(agent, template, sh
 
     def decode(kv_cache: str):
         agent.kv_cache = kv_cache
-        calls = []
-        hook = agent.model.model.register_forward_hook(
-            lambda module, args, kwargs, output: calls.append(kwargs["input_ids"].shape),
-            with_kwargs=True,
-        )
-        greedy = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
-        hook.remove()
+        with forward_input_shapes(agent) as calls:
+            greedy = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
         sampled = agent.generate(prompts * 3, 8, 1.0, torch.Generator().manual_seed(1))
         return greedy, sampled, calls[0]
 
@@ -381,13 +394,8 @@ def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, templ
     agent.min_shared_prefix = 10**6  # never share
     plain = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
     agent.min_shared_prefix = 8
-    calls = []
-    hook = agent.model.model.register_forward_hook(
-        lambda module, args, kwargs, output: calls.append(kwargs["input_ids"].shape),
-        with_kwargs=True,
-    )
-    shared = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
-    hook.remove()
+    with forward_input_shapes(agent) as calls:
+        shared = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
     assert shared == plain
     assert calls[0][0] == 1 and calls[0][1] >= 30  # the shared prefix, one row
     assert calls[1][0] == len(prompts) and calls[1][1] < calls[0][1]  # only the suffixes
