@@ -19,7 +19,8 @@
 #
 # Each stage has a time limit and records its exit code; a failed stage does not stop the
 # others. Python: $PYTHON, else .venv/bin/python, else python3. Packages missing from it are
-# installed offline from .whl/ (pip wheels put there beforehand) when that folder exists.
+# installed offline from .whl/ when that folder exists (`bash scripts/gpu_wheels.sh` fills it
+# here; the runs log to CSV, so MLflow need not be there).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -31,9 +32,10 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export MLFLOW_TRACKING_URI="sqlite:///$PWD/$DIR/mlflow.db"
 : > "$DIR/stages.tsv"
 
-if [ -d .whl ]; then
-  "$PY" -m pip install -q --no-index --find-links .whl -r <(ls .whl | sed 's/-[0-9].*//') \
-    > "$DIR/offline_install.log" 2>&1
+if [ -d .whl ]; then  # scripts/gpu_wheels.sh: first on the path, the image's packages untouched
+  SITE=${TMPDIR:-/tmp}/bidswarm_site
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl \
+    > "$DIR/offline_install.log" 2>&1 && export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/NAME.log

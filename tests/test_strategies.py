@@ -83,6 +83,20 @@ def test_ddp_lets_agents_without_data_skip_the_gradient():
     assert build_strategy("auto") == "auto"
 
 
+def test_a_csv_logged_run_needs_no_mlflow(tmp_path):
+    """GPU images often lack MLflow (scripts/gpu_check.sh's runs log to CSV): with
+    ``logger=csv`` a run imports none of it, here with ``import mlflow`` made to fail."""
+    run_dir = tmp_path / "run"
+    without_mlflow = (
+        "import runpy, sys; sys.modules['mlflow'] = None; sys.argv[0] = 'bidswarm.train'; "
+        "runpy.run_module('bidswarm.train', run_name='__main__')"
+    )
+    command = [sys.executable, "-c", without_mlflow, f"hydra.run.dir={run_dir}", *SMOKE[:2]]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    finished(run_dir)
+
+
 # -- one CUDA device ---------------------------------------------------------------------------
 SMOKE = ("debug=smoke", "logger=csv", "trainer.devices=1")
 

@@ -8,6 +8,7 @@ Hydra's job logging gives the root logger a console handler and a file handler
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -65,8 +66,10 @@ LATE_LOGGERS = ("DeepSpeed",)
 def configure(verbose: bool) -> None:
     """Route our lines and the libraries' (call once per process, after Hydra set up logging
     and before models, trainers or the tracking store are made)."""
-    import mlflow  # noqa: F401  (it configures its loggers on import: do that first)
     import transformers
+
+    if importlib.util.find_spec("mlflow"):  # absent where only logger=csv is used
+        import mlflow  # noqa: F401  (it configures its loggers on import: do that first)
 
     root = logging.getLogger()
     files = [h for h in root.handlers if isinstance(h, logging.FileHandler)]

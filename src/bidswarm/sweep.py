@@ -14,7 +14,6 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from bidswarm import report
 from bidswarm.tracking import (
     OVERRIDES_TAG,
     PARENT_ENV,
@@ -102,6 +101,8 @@ def summarise_sweep(client, parent: str, out: Path) -> str:
     ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}``, and ``arm/<arm>/runs``; the report
     (``summary/report.md``, its plots) and the table
     ``summary/arms.json``. Returns the report's markdown."""
+    from bidswarm import report  # MLflow's client: imported where a sweep logs to MLflow only
+
     text = report.write_report(client, parent, None, out)
     rows = report.summarize(
         report.group_by_strategy(
