@@ -27,6 +27,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
+import bidswarm.lit.strategy
 from bidswarm import tracking
 from bidswarm.config import register_configs
 from bidswarm.lit.callbacks import (
@@ -39,6 +40,7 @@ from bidswarm.lit.callbacks import (
     checkpoint_problem,
     resume_checkpoint,
 )
+from bidswarm.lit.strategy import ExplainingProcessObserver
 from bidswarm.run import ResumeError, check_resume, load_state, method_changes
 from conftest import CONF, ROOT
 
@@ -452,6 +454,26 @@ def test_sigkill_at_any_point_resumes_from_the_last_complete_checkpoint(
 
 
 # -- a dead DDP process ------------------------------------------------------------------------
+def test_the_watcher_of_ddp_processes_says_which_one_died_before_it_stops_the_first(
+    tmp_path, capsys, monkeypatch
+):
+    """Lightning's watcher SIGKILLs the first process a few seconds after another died, often
+    before any collective fails: ours first names the dead process and how to continue. Here
+    the "first process" it stops is a stand-in that sleeps."""
+    monkeypatch.setattr(bidswarm.lit.strategy, "_explained", threading.Event())
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead.wait()
+    watcher = ExplainingProcessObserver(tmp_path, child_processes=[alive, dead], main_pid=first.pid)
+    assert watcher._run() is True
+    assert first.wait(timeout=10) == -signal.SIGKILL
+    assert alive.wait(timeout=10) == -signal.SIGKILL
+    message = capsys.readouterr().err
+    assert "[bidswarm] process 0 of 3 stops: process 2 ended with exit code 3" in message
+    assert f"resume={tmp_path}" in message
+
+
 def test_when_one_ddp_process_dies_the_other_stops_with_a_message(tmp_path):
     """Two CPU processes (gloo); SIGKILL of process 1 in the middle of RL: process 0 stops
     within a bounded time, says which process it is and how to continue, exits non-zero; the

@@ -45,14 +45,14 @@ def deepspeed_config_for(strategy) -> dict:
 
 
 @pytest.mark.parametrize("name, stage", [("deepspeed_stage_2", 2), ("deepspeed_stage_3", 3)])
-def test_deepspeed_strategy_starts_without_a_batch_sampler(name, stage):
+def test_deepspeed_strategy_starts_without_a_batch_sampler(name, stage, tmp_path):
     pytest.importorskip("deepspeed")
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
     # Lightning's default reads the batch size from the dataloader's batch sampler: None here.
     with pytest.raises(AttributeError, match="batch_size"):
         deepspeed_config_for(DeepSpeedStrategy(stage=stage))
-    config = deepspeed_config_for(build_strategy(name))
+    config = deepspeed_config_for(build_strategy(name, tmp_path))
     assert config["train_micro_batch_size_per_gpu"] == 1
     assert config["zero_optimization"]["stage"] == stage
 
@@ -76,11 +76,11 @@ def test_gpu_memory_peaks_hold_what_the_phase_allocated():
     assert figures["memory/peak_reserved_gpu_gib/update_action"] >= 0.25
 
 
-def test_ddp_lets_agents_without_data_skip_the_gradient():
-    strategy = build_strategy("ddp")
+def test_ddp_lets_agents_without_data_skip_the_gradient(tmp_path):
+    strategy = build_strategy("ddp", tmp_path)
     assert isinstance(strategy, DDPStrategy)
     assert strategy._ddp_kwargs["find_unused_parameters"] is True
-    assert build_strategy("auto") == "auto"
+    assert build_strategy("auto", tmp_path) == "auto"
 
 
 def test_a_csv_logged_run_needs_no_mlflow(tmp_path):

@@ -724,7 +724,7 @@ class Run:
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
-            strategy=build_strategy(t.strategy),
+            strategy=build_strategy(t.strategy, self.run_dir),
             precision=t.precision,
             deterministic=t.deterministic,
             logger=self.logger,

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from bidswarm import console
 from bidswarm.config import refuse_unknown_choices, register_configs
 from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
+from bidswarm.lit.strategy import explain_stop
 from bidswarm.run import Run, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -93,14 +94,12 @@ def explain_distributed_failure(error: BaseException, run_dir: Path) -> None:
     collective that fails because another process died is otherwise a bare gloo/NCCL trace."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
-    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     reason = (str(error).splitlines() or [""])[0][:300]
-    print(
-        f"[bidswarm] process {rank} of {world} stops: {type(error).__name__}: {reason}\n"
-        f"[bidswarm] when another process died first, its log says why; the run continues "
-        f"from its last checkpoint with resume={run_dir}",
-        file=sys.stderr,
-        flush=True,
+    explain_stop(
+        torch.distributed.get_rank(),
+        torch.distributed.get_world_size(),
+        f"{type(error).__name__}: {reason}",
+        run_dir,
     )
 
 

@@ -9,19 +9,103 @@ Two names need arguments Lightning's defaults get wrong for bidswarm's learners:
   dataloaders yield one update (or SFT step) at a time with ``batch_size=None``, so there is no
   batch sampler and the strategy dies at start. DeepSpeed uses the number only for throughput
   logging; an update is one "batch", so it is 1.
+
+When one process of a multi-process run dies, the others stop too and say so: a process whose
+collective fails names itself (``train.py``); and where Lightning started the processes itself,
+its watcher thread SIGKILLs the first process a few seconds after another one died, often before
+any collective fails, so the watcher here says why first (``ExplainingProcessObserver``).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+from pathlib import Path
+
+from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
 DEEPSPEED_STAGES = {"deepspeed_stage_2": 2, "deepspeed_stage_3": 3}
 
+_explained = threading.Event()  # one message per process, whichever part of it stops first
 
-def build_strategy(name: str) -> str | Strategy:
-    """The strategy for ``trainer.strategy=name``; other names go to Lightning unchanged."""
+
+def explain_stop(rank: int, world: int, reason: str, run_dir: str | Path) -> None:
+    """Say on stderr (once per process) that process ``rank`` of ``world`` stops and why, and
+    how the run continues."""
+    if _explained.is_set():
+        return
+    _explained.set()
+    print(
+        f"[bidswarm] process {rank} of {world} stops: {reason}\n"
+        f"[bidswarm] when another process died first, its log says why; the run continues "
+        f"from its last checkpoint with resume={run_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+class ExplainingProcessObserver(_ChildProcessObserver):
+    """Lightning's watcher of the processes it started, which first says which one died."""
+
+    def __init__(self, run_dir: str | Path, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_dir = run_dir
+
+    def _terminate_all(self) -> None:
+        dead = [
+            f"process {rank} ended with exit code {child.returncode}"
+            for rank, child in enumerate(self._child_processes, start=1)
+            if child.returncode
+        ]
+        explain_stop(0, len(self._child_processes) + 1, "; ".join(dead), self.run_dir)
+        super()._terminate_all()
+
+
+class ExplainingLauncher(_SubprocessScriptLauncher):
+    """Lightning's launcher of ``ddp`` processes, watched by ``ExplainingProcessObserver``."""
+
+    def __init__(self, run_dir: str | Path, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.run_dir = run_dir
+
+    def launch(self, function, *args, trainer=None, **kwargs):
+        self.cluster_environment.validate_settings(
+            num_devices=self.num_processes, num_nodes=self.num_nodes
+        )
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()
+            observer = ExplainingProcessObserver(
+                self.run_dir, child_processes=self.procs, main_pid=os.getpid()
+            )
+            observer.start()
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        return function(*args, **kwargs)
+
+
+class ExplainingDDPStrategy(DDPStrategy):
+    """DDP whose launcher says which process died when one does."""
+
+    def __init__(self, run_dir: str | Path, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if isinstance(self._launcher, _SubprocessScriptLauncher):
+            self._launcher = ExplainingLauncher(
+                self.run_dir, self.cluster_environment, self.num_processes, self.num_nodes
+            )
+
+
+def build_strategy(name: str, run_dir: str | Path) -> str | Strategy:
+    """The strategy for ``trainer.strategy=name`` of the run in ``run_dir``; other names go to
+    Lightning unchanged."""
     if name == "ddp":
-        return DDPStrategy(find_unused_parameters=True)
+        return ExplainingDDPStrategy(run_dir, find_unused_parameters=True)
     if name in DEEPSPEED_STAGES:
         return DeepSpeedStrategy(stage=DEEPSPEED_STAGES[name], logging_batch_size_per_gpu=1)
     return name
