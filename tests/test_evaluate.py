@@ -25,7 +25,7 @@ from bidswarm.evaluate import (
 )
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.usage import Usage
-from bidswarm.statistics import summarize
+from bidswarm.statistics import pass_at_k, summarize
 from conftest import CONF, ROOT
 
 
@@ -129,6 +129,11 @@ def test_evaluation_is_over_worlds_and_leaves_training_usage_alone(finished_run,
     assert (metrics["reward/ci_low"], metrics["reward/ci_high"]) == pytest.approx(
         (over_worlds.ci_low, over_worlds.ci_high)
     )
+    assert sorted(evaluation.world_pass_at_k) == [1, 2, 3]
+    successes = sum(e.metrics["success"] > 0.5 for e in evaluation.episodes if e.seed == world)
+    for k, per_world in evaluation.world_pass_at_k.items():
+        assert per_world[world] == pytest.approx(pass_at_k(3, successes, k))
+        assert sum(per_world.values()) / 2 == pytest.approx(metrics[f"pass_at_{k}/mean"])
 
 
 def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(
@@ -156,6 +161,12 @@ def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(
     assert run.data.params["coordination.name"] == "round_robin"
     logged = client.download_artifacts(run.info.run_id, "heldout/eval_worlds.json", str(tmp_path))
     assert json.loads(Path(logged).read_text()) == worlds
+    for k in (1, 2):  # runs_per_seed=2 here
+        name = f"heldout/eval_pass_at_{k}_worlds.json"
+        logged = client.download_artifacts(run.info.run_id, name, str(tmp_path))
+        pass_per_world = json.loads(Path(logged).read_text())
+        assert pass_per_world.keys() == worlds.keys()
+        assert sum(pass_per_world.values()) / 2 == pytest.approx(metrics[f"pass_at_{k}/mean"])
     # The same evaluation seed replays the same episodes.
     again = run_evaluation(
         evaluation_config(finished_run, tmp_path, "coordination=round_robin", "logger=csv")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bidswarm import report
+from bidswarm import report, statistics
 from conftest import ROOT, sweep_command
 
 
@@ -336,6 +336,33 @@ def test_evaluation_only_reports_draw_outcomes_not_empty_training_figures(tmp_pa
     assert drawn is not None and drawn.stat().st_size > 0
     unswept = report.group_by_strategy([runs[0]])
     assert report.plot_outcomes(report.summarize(unswept), unswept, tmp_path / "x.png") is None
+
+
+def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_worlds():
+    def evaluation(seed: int, pass_3: dict[int, float] | None) -> report.RunResult:
+        mean = sum(pass_3.values()) / len(pass_3) if pass_3 else 0.4
+        return report.RunResult(
+            f"run-{seed}",
+            "replicas=2",
+            None,
+            None,
+            None,
+            training_seed=seed,
+            outcomes={"agents": 6.0, "pass_at_3/mean": mean},
+            world_pass_at_k={3: pass_3} if pass_3 else {},
+        )
+
+    per_world = {s: {w: min(1.0, 0.2 * s + 0.1 * w) for w in range(5)} for s in range(3)}
+    table = report.outcome_table({"replicas=2": [evaluation(s, per_world[s]) for s in range(3)]})
+    cells = {(s, w): v for s, worlds in per_world.items() for w, v in worlds.items()}
+    expected = statistics.clustered_summary(cells)
+    assert "pass@3 95% CI" in table.splitlines()[2]
+    row = table.splitlines()[-1].split(" | ")
+    assert row[4] == f"{100 * expected.ci_low:.1f}% .. {100 * expected.ci_high:.1f}%"
+    assert expected.ci_low < expected.mean < expected.ci_high
+    # a run that logged no per-world pass@k leaves the interval out
+    older = report.outcome_table({"replicas=2": [evaluation(0, per_world[0]), evaluation(1, None)]})
+    assert older.splitlines()[-1].split(" | ")[4] == ""
 
 
 def test_long_panel_titles_wrap_at_commas():

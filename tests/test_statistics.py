@@ -8,6 +8,7 @@ import random
 import pytest
 
 from bidswarm.statistics import (
+    clustered_summary,
     paired_difference,
     per_world_means,
     summarize,
@@ -115,3 +116,21 @@ def test_a_shift_of_one_training_seed_widens_the_two_way_interval():
     assert clustered.mean == pytest.approx(world_only.mean)
     assert clustered.ci_high - clustered.ci_low > 5 * (world_only.ci_high - world_only.ci_low)
     assert clustered.ci_low < world_only.ci_low and clustered.ci_high > world_only.ci_high
+
+
+def test_a_clustered_summary_spans_the_spread_of_training_seeds():
+    """One strategy's cells over 3 training seeds x 12 worlds: constant cells give the point
+    itself; seeds whose levels differ by 30 widen the interval far past the t interval over
+    the 36 cells taken as independent, around the cells' mean."""
+    constant = {(s, w): 0.25 for s in range(3) for w in range(12)}
+    summary = clustered_summary(constant)
+    assert (summary.mean, summary.ci_low, summary.ci_high, summary.n) == (0.25, 0.25, 0.25, 36)
+    rng = random.Random(2)
+    cells = {(s, w): 30.0 * s + rng.gauss(0, 1) for s in range(3) for w in range(12)}
+    summary = clustered_summary(cells)
+    naive = summarize(list(cells.values()))
+    assert summary.mean == pytest.approx(naive.mean)
+    assert summary.ci_low < summary.mean < summary.ci_high
+    assert summary.ci_high - summary.ci_low > 1.5 * (naive.ci_high - naive.ci_low)
+    with pytest.raises(ValueError, match="at least one cell"):
+        clustered_summary({})

@@ -222,9 +222,9 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], worlds_file: Path) -> str:
+def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], world_files: list[Path]) -> str:
     """One MLflow run tagged with its source training run (a sweep's jobs under one parent);
-    ``worlds_file`` (per-world mean rewards) becomes its artifact ``heldout/eval_worlds.json``."""
+    the per-world ``world_files`` become its artifacts ``heldout/<name>``."""
     from mlflow.entities import Metric, Param
     from mlflow.tracking import MlflowClient
 
@@ -254,7 +254,8 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], worlds_file: Path)
         metrics=[Metric(f"eval/{k}", float(v), 0, 0) for k, v in metrics.items()],
         params=[Param(k, str(v)[:6000]) for k, v in params.items()],
     )
-    client.log_artifact(run.info.run_id, str(worlds_file), "heldout")
+    for path in world_files:
+        client.log_artifact(run.info.run_id, str(path), "heldout")
     client.set_terminated(run.info.run_id)
     return run.info.run_id
 
@@ -262,7 +263,8 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], worlds_file: Path)
 def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     """Held-out seeds x ``runs_per_seed`` episodes; returns the metrics (``reward/mean`` ...,
     over worlds) and writes them to ``evaluation.json``, the per-world mean rewards to
-    ``heldout/eval_worlds.json`` (world ids as keys), so that arms can be paired."""
+    ``heldout/eval_worlds.json`` and each world's pass@k to ``heldout/eval_pass_at_<k>_worlds.json``
+    (world ids as keys), so that arms can be paired."""
     loop = build_loop(cfg)
     env = loop.make_env()
     seeds = env.heldout_seeds()[: cfg.max_seeds]
@@ -282,12 +284,18 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    worlds_file = out_dir / "heldout" / "eval_worlds.json"
-    worlds_file.parent.mkdir(exist_ok=True)
-    worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
-    worlds_file.write_text(json.dumps(worlds, indent=1) + "\n")
+    heldout = out_dir / "heldout"
+    heldout.mkdir(exist_ok=True)
+    per_world = {"eval": evaluation.world_rewards} | {
+        f"eval_pass_at_{k}": values for k, values in evaluation.world_pass_at_k.items()
+    }
+    world_files = []
+    for key, values in per_world.items():
+        world_files.append(heldout / f"{key}_worlds.json")
+        worlds = {str(world): value for world, value in values.items()}
+        world_files[-1].write_text(json.dumps(worlds, indent=1) + "\n")
     if cfg.logger.name == "mlflow":
-        log_to_mlflow(cfg, metrics, worlds_file)
+        log_to_mlflow(cfg, metrics, world_files)
     console.say(
         f"[bidswarm] held-out reward {metrics['reward/mean']:.2f} +- {metrics['reward/se']:.2f} "
         f"(95% CI {metrics['reward/ci_low']:.2f} .. {metrics['reward/ci_high']:.2f}) "

@@ -17,10 +17,11 @@ participation at fixed decisions, reward vs training FLOPs, participation per ro
 
 Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
 held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
-evaluation runs). A strategy's mean, SE and 95% t interval are over its (training seed, world)
-cells; every strategy is compared with the reference strategy (``--reference``, default the
-MPT defaults) by the paired difference over the (training seed, world) cells both hold, with a
-two-way cluster bootstrap interval over training seeds and worlds
+evaluation runs, with each world's pass@k in ``heldout/eval_pass_at_<k>_worlds.json``). A
+strategy's mean, SE and 95% t interval are over its (training seed, world) cells; every
+strategy is compared with the reference strategy (``--reference``, default the MPT defaults)
+by the paired difference over the (training seed, world) cells both hold, with a two-way
+cluster bootstrap interval over training seeds and worlds
 (:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
 fall back to statistics over their run-level means and are left out of the pairing.
 """
@@ -33,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +82,8 @@ class RunResult:
     """``before`` / ``after`` -> role -> share of acting steps on the held-out worlds."""
     outcomes: dict[str, float] = field(default_factory=dict)
     """An evaluation run's success, pass@k, agents and FLOPs per decision (:data:`OUTCOMES`)."""
+    world_pass_at_k: dict[int, dict[int, float]] = field(default_factory=dict)
+    """An evaluation run's k -> world id -> pass@k (empty: the run logged none)."""
     heldout_curve: dict[str, tuple[float, float]] = field(default_factory=dict)
     """A training run's held-out mean reward along training: ``before``, ``update <u>``
     (``eval.every``), ``after`` -> (RL training FLOPs so far, reward) (:func:`heldout_curve`)."""
@@ -231,6 +235,16 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
                 seed = seed_of(trained.data.params, trained.info.run_name or "")
         if seed is None:  # the source run logged elsewhere: its folder's config says the seed
             seed = folder_seed(run.data.tags.get("bidswarm.source_run_dir"))
+        outcomes = {
+            name.removeprefix("eval/"): value
+            for name, value in metrics.items()
+            if name.removeprefix("eval/") in OUTCOMES
+            or (name.startswith("eval/pass_at_") and name.endswith("/mean"))
+        }
+        world_pass_at_k = {
+            k: read_world_rewards(client, run.info.run_id, f"eval_pass_at_{k}")
+            for k in pass_ks([outcomes])
+        }
         return RunResult(
             run.info.run_id,
             strategy,
@@ -239,12 +253,8 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             flops,
             training_seed=seed,
             world_rewards=read_world_rewards(client, run.info.run_id, "eval"),
-            outcomes={
-                name.removeprefix("eval/"): value
-                for name, value in metrics.items()
-                if name.removeprefix("eval/") in OUTCOMES
-                or (name.startswith("eval/pass_at_") and name.endswith("/mean"))
-            },
+            outcomes=outcomes,
+            world_pass_at_k={k: v for k, v in world_pass_at_k.items() if v is not None},
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
@@ -282,34 +292,44 @@ OUTCOMES = ("agents", "task/success", "flops_per_decision")
 """Evaluation metrics besides the reward that the outcome table shows (with ``pass@<k>/mean``)."""
 
 
-def outcome_table(groups: dict[str, list[RunResult]]) -> str:
-    """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
-    the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds)
-    and the FLOPs per decision; empty when no run logged them."""
-    rows = {s: [r.outcomes for r in rs if r.outcomes] for s, rs in groups.items()}
-    rows = {s: outcomes for s, outcomes in rows.items() if outcomes}
-    if not rows:
-        return ""
-    ks = sorted(
+def pass_ks(outcomes: list[dict[str, float]]) -> list[int]:
+    """The k of every ``pass_at_<k>/mean`` in ``outcomes``, ascending."""
+    return sorted(
         {
             int(key.removeprefix("pass_at_").split("/")[0])
-            for o in rows.values()
-            for run in o
+            for run in outcomes
             for key in run
             if key.startswith("pass_at_")
         }
     )
+
+
+def outcome_table(groups: dict[str, list[RunResult]]) -> str:
+    """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
+    the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds),
+    the highest pass@k's 95% CI over (training seed, world) cells (two-way cluster bootstrap;
+    empty when a run logged no per-world pass@k) and the FLOPs per decision; empty when no run
+    logged them."""
+    rows = {s: [r for r in rs if r.outcomes] for s, rs in groups.items()}
+    rows = {s: results for s, results in rows.items() if results}
+    if not rows:
+        return ""
+    ks = pass_ks([r.outcomes for results in rows.values() for r in results])
     columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
-    header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks), "FLOPs/decision", "runs"]
+    header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks)]
+    header += [f"pass@{ks[-1]} 95% CI"] if ks else []
+    header += ["FLOPs/decision", "runs"]
     lines = [
         "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
-        "runs, mean over worlds per training run; here mean ± SE over the training runs), and "
-        "the evaluation's FLOPs per decision (bids and actions of every agent).",
+        "runs, mean over worlds per training run; here mean ± SE over the training runs), the "
+        "highest pass@k's 95% CI by the two-way cluster bootstrap over training seeds and "
+        "worlds, and the evaluation's FLOPs per decision (bids and actions of every agent).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    for strategy, outcomes in rows.items():
+    for strategy, results in rows.items():
+        outcomes = [r.outcomes for r in results]
         cells = [strategy, f"{outcomes[0].get('agents', float('nan')):.0f}"]
         for column in columns:
             values = [o[column] for o in outcomes if column in o]
@@ -318,11 +338,22 @@ def outcome_table(groups: dict[str, list[RunResult]]) -> str:
                 continue
             summary = statistics.summarize(values)
             cells.append(f"{100 * summary.mean:.1f}% ± {100 * summary.se:.1f}")
+        if ks:
+            cells.append(pass_interval(results, ks[-1]))
         flops = [o["flops_per_decision"] for o in outcomes if "flops_per_decision" in o]
         cells.append(f"{sum(flops) / len(flops):.3g}" if flops else "")
         cells.append(str(len(outcomes)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def pass_interval(results: list[RunResult], k: int) -> str:
+    """``low% .. high%``: the 95% two-way cluster bootstrap interval of pass@k over the runs'
+    (training seed, world) cells; empty when a run logged no per-world pass@k."""
+    if any(k not in r.world_pass_at_k for r in results):
+        return ""
+    summary = statistics.clustered_summary(strategy_cells(results, lambda r: r.world_pass_at_k[k]))
+    return f"{100 * summary.ci_low:.1f}% .. {100 * summary.ci_high:.1f}%"
 
 
 def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
@@ -338,15 +369,19 @@ def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
     return dict(sorted(groups.items()))
 
 
-def strategy_cells(results: list[RunResult]) -> dict[tuple[object, int], float]:
-    """(training seed, world) -> mean reward over the strategy's runs of that seed (a run of
-    unknown seed is its own cluster, ``run <id>``, which pairs with nothing)."""
+def strategy_cells(
+    results: list[RunResult],
+    per_world: Callable[[RunResult], dict[int, float] | None] = lambda r: r.world_rewards,
+) -> dict[tuple[object, int], float]:
+    """(training seed, world) -> mean over the strategy's runs of that seed of ``per_world``
+    (by default the held-out reward; a run of unknown seed is its own cluster, ``run <id>``,
+    which pairs with nothing)."""
     values: dict[tuple[object, int], list[float]] = {}
     for result in results:
         cluster = result.training_seed
         if cluster is None:
             cluster = f"run {result.run_id}"
-        for world, reward in (result.world_rewards or {}).items():
+        for world, reward in (per_world(result) or {}).items():
             values.setdefault((cluster, world), []).append(reward)
     return {key: sum(v) / len(v) for key, v in values.items()}
 
@@ -763,14 +798,8 @@ def plot_outcomes(
     if swept is None:
         return None
     key, points = swept
-    ks = [
-        int(name.removeprefix("pass_at_").split("/")[0])
-        for rs in groups.values()
-        for r in rs
-        for name in r.outcomes
-        if name.startswith("pass_at_")
-    ]
-    pass_key = f"pass_at_{max(ks)}/mean" if ks else None
+    ks = pass_ks([r.outcomes for rs in groups.values() for r in rs])
+    pass_key = f"pass_at_{ks[-1]}/mean" if ks else None
     fig, axes = plt.subplots(1, 2 if pass_key else 1, figsize=(11 if pass_key else 6, 4))
     axes = list(axes) if pass_key else [axes]
     for series in sorted({rest for _, rest in points.values()}):

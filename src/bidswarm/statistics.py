@@ -177,17 +177,29 @@ def paired_difference(
     return Difference(mean, se, low, high, len(shared), verdict)
 
 
+def clustered_summary(
+    cells: Mapping[tuple[Hashable, Hashable], float], resamples: int = 2000, seed: int = 0
+) -> Summary:
+    """Mean over ``(training_seed, world)`` cells with the 95% interval of the two-way cluster
+    bootstrap (:func:`paired_difference`): what one strategy scores when its training seeds
+    and its worlds both vary. SE is the SD of the bootstrap draws."""
+    if not cells:
+        raise ValueError("clustered_summary needs at least one cell")
+    mean, se, low, high = _cluster_bootstrap(cells, resamples, seed)
+    return Summary(mean, se, low, high, len(cells))
+
+
 def _cluster_bootstrap(
-    differences: Mapping[tuple[Hashable, Hashable], float], resamples: int, seed: int
+    cells: Mapping[tuple[Hashable, Hashable], float], resamples: int, seed: int
 ) -> tuple[float, float, float, float]:
-    """Mean, bootstrap SE and percentile interval of differences keyed by (cluster, world)."""
-    clusters = sorted({key[0] for key in differences}, key=str)
-    worlds = sorted({key[1] for key in differences}, key=str)
+    """Mean, bootstrap SE and percentile interval of values keyed by (cluster, world)."""
+    clusters = sorted({key[0] for key in cells}, key=str)
+    worlds = sorted({key[1] for key in cells}, key=str)
     cluster_index = {c: i for i, c in enumerate(clusters)}
     world_index = {w: i for i, w in enumerate(worlds)}
     grid = np.zeros((len(clusters), len(worlds)))
     present = np.zeros_like(grid)
-    for (cluster, world), value in differences.items():
+    for (cluster, world), value in cells.items():
         grid[cluster_index[cluster], world_index[world]] = value
         present[cluster_index[cluster], world_index[world]] = 1.0
     mean = float(grid.sum() / present.sum())

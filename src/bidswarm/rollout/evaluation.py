@@ -19,6 +19,7 @@ class Evaluation:
              ``reward/ci_low`` and ``reward/ci_high`` (95% t interval) are over the per-world
              mean rewards (``worlds`` of them): the runs of one world are not independent.
     world_rewards: mean reward per held-out world id, to pair arms on the same worlds.
+    world_pass_at_k: k -> held-out world id -> pass@k of task success on that world.
     usage: tokens and FLOPs the evaluation itself spent (never added to the swarm's training
            counters).
     """
@@ -26,6 +27,7 @@ class Evaluation:
     metrics: dict[str, float]
     episodes: list[Episode]
     world_rewards: dict[int, float]
+    world_pass_at_k: dict[int, dict[int, float]]
     usage: Usage
 
 
@@ -53,25 +55,28 @@ def evaluate(
         "reward/ci_high": reward.ci_high,
         "worlds": float(reward.n),
     }
-    metrics |= pass_at_k_metrics(episodes, runs_per_seed)
-    return Evaluation(metrics, episodes, world_rewards, usage)
+    pass_metrics, world_pass_at_k = pass_at_k_metrics(episodes, runs_per_seed)
+    return Evaluation(metrics | pass_metrics, episodes, world_rewards, world_pass_at_k, usage)
 
 
-def pass_at_k_metrics(episodes: list[Episode], runs_per_seed: int) -> dict[str, float]:
+def pass_at_k_metrics(
+    episodes: list[Episode], runs_per_seed: int
+) -> tuple[dict[str, float], dict[int, dict[int, float]]]:
     """``pass_at_<k>/mean|se|ci_low|ci_high`` (pass@k; MLflow names take no ``@``) of task
     success for k = 1..runs_per_seed: the unbiased estimator per world from its
-    ``runs_per_seed`` attempts, the 95% Wilson interval over worlds (within [0, 1]). Every
-    task's episodes report ``success`` (crafting: the target obtained; navigation: stopped
-    within the success distance; research: a correct answer)."""
+    ``runs_per_seed`` attempts, the 95% Wilson interval over worlds (within [0, 1]); and
+    k -> world -> that world's pass@k. Every task's episodes report ``success`` (crafting: the
+    target obtained; navigation: stopped within the success distance; research: a correct
+    answer)."""
     successes = [e.metrics["success"] for e in episodes]
     worlds = [e.seed for e in episodes]
-    metrics = {}
+    metrics, per_world = {}, {}
     for k in range(1, runs_per_seed + 1):
-        summary, _ = pass_at_k_over_worlds(successes, worlds, k)
+        summary, per_world[k] = pass_at_k_over_worlds(successes, worlds, k)
         metrics |= {
             f"pass_at_{k}/mean": summary.mean,
             f"pass_at_{k}/se": summary.se,
             f"pass_at_{k}/ci_low": summary.ci_low,
             f"pass_at_{k}/ci_high": summary.ci_high,
         }
-    return metrics
+    return metrics, per_world
