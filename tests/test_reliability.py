@@ -465,12 +465,14 @@ def test_the_watcher_of_ddp_processes_says_which_one_died_before_it_stops_the_fi
     dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead.wait()
-    watcher = ExplainingProcessObserver(tmp_path, child_processes=[alive, dead], main_pid=first.pid)
+    watcher = ExplainingProcessObserver(
+        tmp_path, 3, 6, child_processes=[alive, dead], main_pid=first.pid
+    )  # node 1 of 2
     assert watcher._run() is True
     assert first.wait(timeout=10) == -signal.SIGKILL
     assert alive.wait(timeout=10) == -signal.SIGKILL
     message = capsys.readouterr().err
-    assert "[bidswarm] process 0 of 3 stops: process 2 ended with exit code 3" in message
+    assert "[bidswarm] process 3 of 6 stops: process 5 ended with exit code 3" in message
     assert f"resume={tmp_path}" in message
 
 

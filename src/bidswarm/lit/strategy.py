@@ -49,19 +49,21 @@ def explain_stop(rank: int, world: int, reason: str, run_dir: str | Path) -> Non
 
 
 class ExplainingProcessObserver(_ChildProcessObserver):
-    """Lightning's watcher of the processes it started, which first says which one died."""
+    """Lightning's watcher of the processes it started on this node (global ranks ``rank``,
+    the watching one, then its children ``rank + 1, ...`` of ``world``), which first says which
+    one died."""
 
-    def __init__(self, run_dir: str | Path, *args, **kwargs) -> None:
+    def __init__(self, run_dir: str | Path, rank: int, world: int, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.run_dir = run_dir
+        self.run_dir, self.rank, self.world = run_dir, rank, world
 
     def _terminate_all(self) -> None:
         dead = [
             f"process {rank} ended with exit code {child.returncode}"
-            for rank, child in enumerate(self._child_processes, start=1)
+            for rank, child in enumerate(self._child_processes, start=self.rank + 1)
             if child.returncode
         ]
-        explain_stop(0, len(self._child_processes) + 1, "; ".join(dead), self.run_dir)
+        explain_stop(self.rank, self.world, "; ".join(dead), self.run_dir)
         super()._terminate_all()
 
 
@@ -79,7 +81,11 @@ class ExplainingLauncher(_SubprocessScriptLauncher):
         if not self.cluster_environment.creates_processes_externally:
             self._call_children_scripts()
             observer = ExplainingProcessObserver(
-                self.run_dir, child_processes=self.procs, main_pid=os.getpid()
+                self.run_dir,
+                self.cluster_environment.node_rank() * self.num_processes,
+                self.num_nodes * self.num_processes,
+                child_processes=self.procs,
+                main_pid=os.getpid(),
             )
             observer.start()
         _set_num_threads_if_needed(num_processes=self.num_processes)
