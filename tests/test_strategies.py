@@ -15,11 +15,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
 from bidswarm.lit.memory import gpu_memory
-from bidswarm.lit.strategy import build_strategy
+from bidswarm.lit.strategy import ExplainingLauncher, build_strategy
 from conftest import ROOT
 from test_train import read_state, run_cli
 
@@ -80,6 +81,10 @@ def test_ddp_lets_agents_without_data_skip_the_gradient(tmp_path):
     strategy = build_strategy("ddp", tmp_path)
     assert isinstance(strategy, DDPStrategy)
     assert strategy._ddp_kwargs["find_unused_parameters"] is True
+    # the processes Lightning starts are watched by the watcher that names a dead one
+    strategy.cluster_environment = LightningEnvironment()
+    strategy._configure_launcher()
+    assert isinstance(strategy.launcher, ExplainingLauncher)
     assert build_strategy("auto", tmp_path) == "auto"
 
 
