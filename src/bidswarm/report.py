@@ -323,7 +323,8 @@ def outcome_table(groups: dict[str, list[RunResult]]) -> str:
         "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
         "runs, mean over worlds per training run; here mean ± SE over the training runs), the "
         "highest pass@k's 95% CI by the two-way cluster bootstrap over training seeds and "
-        "worlds, and the evaluation's FLOPs per decision (bids and actions of every agent).",
+        "worlds (it spans only values seen: cells all 0% give 0% .. 0%), and the evaluation's "
+        "FLOPs per decision (bids and actions of every agent).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
