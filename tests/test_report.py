@@ -363,6 +363,19 @@ def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_w
     # a run that logged no per-world pass@k leaves the interval out
     older = report.outcome_table({"replicas=2": [evaluation(0, per_world[0]), evaluation(1, None)]})
     assert older.splitlines()[-1].split(" | ")[4] == ""
+    # against a reference strategy: the paired difference on the (seed, world) cells both hold
+    fewer = [evaluation(s, {w: v / 2 for w, v in per_world[s].items()}) for s in range(3)]
+    for run in fewer:
+        run.strategy = "replicas=1"
+    groups = {"replicas=1": fewer, "replicas=2": [evaluation(s, per_world[s]) for s in range(3)]}
+    table = report.outcome_table(groups, reference="replicas=1").splitlines()
+    assert "pass@3 − replicas=1 (95% CI)" in table[2]
+    assert table[-2].split(" | ")[5] == "reference"
+    halves = {key: value / 2 for key, value in cells.items()}
+    d = statistics.paired_difference(cells, halves)
+    assert d.ci_low > 0
+    expected = f"{100 * d.mean:+.1f} ({100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f})"
+    assert table[-1].split(" | ")[5] == expected
 
 
 def test_long_panel_titles_wrap_at_commas():

@@ -304,12 +304,12 @@ def pass_ks(outcomes: list[dict[str, float]]) -> list[int]:
     )
 
 
-def outcome_table(groups: dict[str, list[RunResult]]) -> str:
+def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = None) -> str:
     """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
     the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds),
     the highest pass@k's 95% CI over (training seed, world) cells (two-way cluster bootstrap;
-    empty when a run logged no per-world pass@k) and the FLOPs per decision; empty when no run
-    logged them."""
+    empty when a run logged no per-world pass@k), with a ``reference`` strategy its paired
+    difference to the reference's, and the FLOPs per decision; empty when no run logged them."""
     rows = {s: [r for r in rs if r.outcomes] for s, rs in groups.items()}
     rows = {s: results for s, results in rows.items() if results}
     if not rows:
@@ -318,6 +318,8 @@ def outcome_table(groups: dict[str, list[RunResult]]) -> str:
     columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
     header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks)]
     header += [f"pass@{ks[-1]} 95% CI"] if ks else []
+    paired = bool(ks) and reference in rows
+    header += [f"pass@{ks[-1]} − {reference} (95% CI)"] if paired else []
     header += ["FLOPs/decision", "runs"]
     lines = [
         "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
@@ -341,6 +343,8 @@ def outcome_table(groups: dict[str, list[RunResult]]) -> str:
             cells.append(f"{100 * summary.mean:.1f}% ± {100 * summary.se:.1f}")
         if ks:
             cells.append(pass_interval(results, ks[-1]))
+        if paired:
+            cells.append(pass_difference(results, rows[reference], ks[-1]))
         flops = [o["flops_per_decision"] for o in outcomes if "flops_per_decision" in o]
         cells.append(f"{sum(flops) / len(flops):.3g}" if flops else "")
         cells.append(str(len(outcomes)))
@@ -368,6 +372,25 @@ def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
         kept = [p for p in result.strategy.split(",") if p not in common]
         groups.setdefault(",".join(kept) or DEFAULT_STRATEGY, []).append(result)
     return dict(sorted(groups.items()))
+
+
+def pass_difference(results: list[RunResult], reference: list[RunResult], k: int) -> str:
+    """``+d (low .. high)`` in points: pass@k of ``results`` minus the ``reference`` runs' on
+    the (training seed, world) cells both hold (:func:`bidswarm.statistics.paired_difference`);
+    empty when a run logged no per-world pass@k or they share no cell."""
+    if any(k not in r.world_pass_at_k for r in results + reference):
+        return ""
+    if results is reference:
+        return "reference"
+
+    def cells(runs: list[RunResult]) -> dict[tuple[object, int], float]:
+        return strategy_cells(runs, lambda r: r.world_pass_at_k[k])
+
+    mine, theirs = cells(results), cells(reference)
+    if not mine.keys() & theirs.keys():
+        return ""
+    d = statistics.paired_difference(mine, theirs)
+    return f"{100 * d.mean:+.1f} ({100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f})"
 
 
 def strategy_cells(
@@ -874,13 +897,13 @@ def write_report(
     source = f"sweep parent run `{parent}`" if parent else f"experiment `{experiment}`"
     sections = [f"# Strategy comparison ({source})", markdown_table(rows), verdict(rows)]
     if len(rows) > 1:
-        base = reference_strategy(rows, reference)
-        sections.append(difference_table(paired_differences(rows, base), base))
+        reference = reference_strategy(rows, reference)
+        sections.append(difference_table(paired_differences(rows, reference), reference))
     tables = (
         rl_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),
-        outcome_table(groups),
+        outcome_table(groups, reference),
     )
     sections += [table for table in tables if table]
     for name in FIGURES:  # figures of an earlier report into ``out`` must not linger
