@@ -289,11 +289,10 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     per_world = {"eval": evaluation.world_rewards} | {
         f"eval_pass_at_{k}": values for k, values in evaluation.world_pass_at_k.items()
     }
-    world_files = []
-    for key, values in per_world.items():
-        world_files.append(heldout / f"{key}_worlds.json")
+    world_files = [heldout / f"{key}_worlds.json" for key in per_world]
+    for path, values in zip(world_files, per_world.values(), strict=True):
         worlds = {str(world): value for world, value in values.items()}
-        world_files[-1].write_text(json.dumps(worlds, indent=1) + "\n")
+        path.write_text(json.dumps(worlds, indent=1) + "\n")
     if cfg.logger.name == "mlflow":
         log_to_mlflow(cfg, metrics, world_files)
     console.say(

@@ -355,10 +355,19 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
 def pass_interval(results: list[RunResult], k: int) -> str:
     """``low% .. high%``: the 95% two-way cluster bootstrap interval of pass@k over the runs'
     (training seed, world) cells; empty when a run logged no per-world pass@k."""
-    if any(k not in r.world_pass_at_k for r in results):
+    cells = pass_cells(results, k)
+    if cells is None:
         return ""
-    summary = statistics.clustered_summary(strategy_cells(results, lambda r: r.world_pass_at_k[k]))
+    summary = statistics.clustered_summary(cells)
     return f"{100 * summary.ci_low:.1f}% .. {100 * summary.ci_high:.1f}%"
+
+
+def pass_cells(results: list[RunResult], k: int) -> dict[tuple[object, int], float] | None:
+    """(training seed, world) -> pass@k (:func:`strategy_cells`); None when a run logged no
+    per-world pass@k."""
+    if any(k not in r.world_pass_at_k for r in results):
+        return None
+    return strategy_cells(results, lambda r: r.world_pass_at_k[k])
 
 
 def group_by_strategy(results: list[RunResult]) -> dict[str, list[RunResult]]:
@@ -378,15 +387,11 @@ def pass_difference(results: list[RunResult], reference: list[RunResult], k: int
     """``+d (low .. high)`` in points: pass@k of ``results`` minus the ``reference`` runs' on
     the (training seed, world) cells both hold (:func:`bidswarm.statistics.paired_difference`);
     empty when a run logged no per-world pass@k or they share no cell."""
-    if any(k not in r.world_pass_at_k for r in results + reference):
+    mine, theirs = pass_cells(results, k), pass_cells(reference, k)
+    if mine is None or theirs is None:
         return ""
     if results is reference:
         return "reference"
-
-    def cells(runs: list[RunResult]) -> dict[tuple[object, int], float]:
-        return strategy_cells(runs, lambda r: r.world_pass_at_k[k])
-
-    mine, theirs = cells(results), cells(reference)
     if not mine.keys() & theirs.keys():
         return ""
     d = statistics.paired_difference(mine, theirs)
