@@ -6,9 +6,17 @@ import lightning  # noqa: F401  (sets its process-wide variables before the leak
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from bidswarm.config import register_configs, validate
+from bidswarm.config import (
+    BidSlotWithoutBids,
+    RLConfig,
+    SFTConfig,
+    SFTMatch,
+    register_configs,
+    validate,
+)
 from conftest import CONF
 
 register_configs()
@@ -65,6 +73,24 @@ def test_default_config_is_the_paper_setting():
     assert cfg.sft.lr == cfg.model.sft_lr and cfg.rl.lr == cfg.model.rl_lr
 
 
+def test_the_budget_rules_default_to_matched_passes_and_action_updates_in_yaml_and_schema():
+    written = OmegaConf.load(CONF / "train.yaml")
+    assert written.sft.match == SFTConfig().match == SFTMatch.action_passes
+    assert written.rl.bid_slot_without_bids == RLConfig().bid_slot_without_bids
+    assert RLConfig().bid_slot_without_bids == BidSlotWithoutBids.skip
+    cfg = compose_train([])
+    assert (cfg.sft.match, cfg.rl.bid_slot_without_bids) == ("action_passes", "skip")
+
+
+@pytest.mark.parametrize(
+    "override", ["sft.match=tokens", "rl.bid_slot_without_bids=action"], ids=lambda s: s
+)
+def test_the_old_budget_rules_stay_selectable(override):
+    key, value = override.split("=")
+    section, name = key.split(".")
+    assert compose_train([override])[section][name] == value
+
+
 @pytest.mark.parametrize(
     "override, key",
     [("rl.fork_budgt=3", "fork_budgt"), ("task.targte=torch", "targte")],
@@ -114,6 +140,8 @@ def test_invalid_value_fails_before_any_model_loads(override, key):
         ("model.source=magic", "model.source"),
         ("model.dtype=int8", "model.dtype"),
         ("model.prompt_style=verbose", "model.prompt_style"),
+        ("sft.match=flops", "sft.match"),
+        ("rl.bid_slot_without_bids=bid", "rl.bid_slot_without_bids"),
     ],
 )
 def test_a_value_outside_a_fixed_set_fails_at_composition_naming_the_key(override, key):

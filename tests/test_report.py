@@ -406,3 +406,49 @@ def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path
     groups = report.group_by_strategy(runs)
     drawn = report.plot_reward_vs_flops(groups, tmp_path / "curve.png")
     assert drawn is not None and drawn.stat().st_size > 0
+
+
+def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
+    """SFT tokens by kind, SFT FLOPs, RL updates of each kind and RL FLOPs per strategy (the
+    final logged values, averaged over seeds); an evaluation run shows its source run's."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("budget", str(tmp_path / "artifacts"))
+    budgets = {
+        "seed=0": (1000.0, 500.0, 6e9, 48.0, 12.0),
+        "seed=1": (1200.0, 700.0, 8e9, 48.0, 12.0),
+        "ablation=monolithic,seed=0": (900.0, 0.0, 2e9, 48.0, 0.0),
+    }
+    ids = {}
+    for name, (action, bid, sft_flops, action_updates, bid_updates) in budgets.items():
+        ids[name] = log_training_run(client, experiment_id, name, [1.0, 2.0])
+        for key, value in (
+            ("sft/action_tokens", action),
+            ("sft/bid_tokens", bid),
+            ("sft/flops", sft_flops),
+        ):
+            client.log_metric(ids[name], key, value, step=0)
+        for update in range(int(action_updates + bid_updates)):  # counted so far: last = total
+            made = min(update + 1, action_updates)
+            client.log_metric(ids[name], "updates/action", made, step=update)
+            client.log_metric(ids[name], "updates/bid", update + 1 - made, step=update)
+    # Logged before the budget was: only its RL FLOPs.
+    log_training_run(client, experiment_id, "ablation=round_robin,seed=0", [1.0])
+    evaluation = client.create_run(
+        experiment_id,
+        run_name="eval coordination=agentnet",
+        tags={"bidswarm.kind": "evaluate", "bidswarm.source_run": ids["seed=0"]},
+    )
+    client.log_metric(evaluation.info.run_id, "eval/reward/mean", 2.0)
+    client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
+
+    text = report.write_report(client, None, "budget", tmp_path / "out")
+    assert (
+        "| strategy | SFT action tokens | SFT bid tokens | SFT FLOPs | RL action updates "
+        "| RL bid updates | training FLOPs (RL) | runs |"
+    ) in text
+    assert "| mpt (defaults) | 1.1e+03 | 600 | 7e+09 | 48 | 12 | 2e+06 | 2 |" in text
+    assert "| ablation=monolithic | 900 | 0 | 2e+09 | 48 | 0 | 2e+06 | 1 |" in text
+    assert "| coordination=agentnet | 1e+03 | 500 | 6e+09 | 48 | 12 | 2e+06 | 1 |" in text
+    assert "| ablation=round_robin | n/a | n/a | n/a | n/a | n/a | 1e+06 | 1 |" in text

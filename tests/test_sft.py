@@ -1,17 +1,26 @@
-"""SFT cold start: each agent learns its own role's demonstrations; matched monolithic compute."""
+"""SFT cold start: each agent learns its own role's demonstrations; the monolithic agent makes
+as many passes over each action demonstration as its role's agent (or, with ``sft.match=tokens``,
+matches the role agents' tokens)."""
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 import torch
 
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.config import ModelConfig, SFTConfig, TinyArchConfig
+from bidswarm.config import ModelConfig, SFTConfig, SFTMatch, TinyArchConfig
 from bidswarm.envs.experts import Demonstration, format_bid
-from bidswarm.lit.sft import SFTModule, encode_demonstrations, plan_sft, run_sft
+from bidswarm.lit.sft import (
+    SFTModule,
+    encode_demonstrations,
+    plan_sft,
+    run_sft,
+    sft_budget,
+)
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 ROLES = ["logger", "miner", "smith"]
@@ -106,10 +115,55 @@ def test_sft_teaches_each_agent_its_own_role():
     assert all(g.text != ACTIONS["smith"] for g in logger.generate(smith_prompts, 6, 0.0))
 
 
-def test_monolithic_agent_gets_matched_token_budget():
+def action_copies(demos: list[Demonstration]) -> list[tuple[str, int, int]]:
+    """Each action demonstration and its monolithic copy as (role, index among the role's
+    demonstrations, index among the monolithic ones): the plans' example indices."""
+    seen: Counter = Counter()
+    copies, last_action = [], None
+    for d in demos:
+        if d.role is None:
+            copies.append((*last_action, seen[None]))
+        elif d.kind == "action":
+            last_action = (d.role, seen[d.role])
+        seen[d.role] += 1
+    return copies
+
+
+def test_action_passes_give_the_monolithic_agent_each_action_as_often_as_its_role_agent():
+    demos = expert_demonstrations(30)
+    population, template = build([*ROLES, None], demos)
+    cfg = SFTConfig(epochs=3, lr=1e-3, batch_size=8)
+    assert cfg.match == SFTMatch.action_passes  # the default
+    plans = plan_sft(population, demos, template, cfg, seed=0)
+    passes = [Counter(plan.stream) for plan in plans]
+    copies = action_copies(demos)
+    assert len(copies) == 30
+    for role, index, copy in copies:
+        role_plan = plans[ROLES.index(role)]
+        assert role_plan.examples[index].kind == "action"
+        assert plans[3].examples[copy].reply_ids == role_plan.examples[index].reply_ids
+        assert passes[3][copy] == passes[ROLES.index(role)][index] == 3
+    # The monolithic agent learns no bid; each role agent sees each of its bids epochs times.
+    assert {e.kind for e in plans[3].examples} == {"action"}
+    for plan in plans[:3]:
+        bids = [i for i, e in enumerate(plan.examples) if e.kind == "bid"]
+        assert len(bids) == 30 and all(Counter(plan.stream)[i] == 3 for i in bids)
+    budget = sft_budget(population, plans)
+    for index, plan in enumerate(plans):
+        name = f"agent{index}_{population[index].role or 'monolithic'}"
+        tokens = budget[f"sft/action_tokens/{name}"] + budget[f"sft/bid_tokens/{name}"]
+        assert tokens == plan.trained_tokens > 0
+        params = sum(p.numel() for p in population[index].parameters())
+        assert budget[f"sft/flops/{name}"] == 6.0 * params * plan.trained_tokens
+    assert budget["sft/bid_tokens/agent3_monolithic"] == 0
+    assert budget["sft/bid_tokens"] == sum(plan.trained_tokens_of("bid") for plan in plans)
+    assert budget["sft/flops"] == sum(v for k, v in budget.items() if k.startswith("sft/flops/"))
+
+
+def test_matched_tokens_give_the_monolithic_agent_the_role_agents_tokens_bids_included():
     demos = expert_demonstrations(20)
     population, template = build([*ROLES, None], demos)
-    cfg = SFTConfig(epochs=2, lr=1e-3, batch_size=8)
+    cfg = SFTConfig(epochs=2, lr=1e-3, batch_size=8, match=SFTMatch.tokens)
     plans = plan_sft(population, demos, template, cfg, seed=0)
     role_tokens = sum(plan.trained_tokens for plan in plans[:3])
     own = encode_demonstrations(population[0], [d for d in demos if d.role == "logger"], template)
@@ -120,12 +174,15 @@ def test_monolithic_agent_gets_matched_token_budget():
     assert len(plans[1].examples) == sum(d.role == "miner" for d in demos)
     assert len(plans[3].examples) == sum(d.role is None for d in demos)
     assert all(e.reply_ids[-1] == population[0].eos_id for e in plans[0].examples)
+    # Bid tokens bought extra passes over the actions: far more than a role agent's 2.
+    passes = Counter(plans[3].stream)
+    assert min(passes[copy] for _, _, copy in action_copies(demos)) > 2 * 2
 
 
 def test_bid_fraction_keeps_every_action_and_a_share_of_bids_with_matched_monolithic_budget():
     demos = expert_demonstrations(200)
     population, template = build([*ROLES, None], demos)
-    cfg = SFTConfig(epochs=1, lr=1e-3, batch_size=8, bid_fraction=0.25)
+    cfg = SFTConfig(epochs=1, lr=1e-3, batch_size=8, bid_fraction=0.25, match=SFTMatch.tokens)
     plans = plan_sft(population, demos, template, cfg, seed=0)
     replies = {template.reply_text(d.reply) for d in demos if d.kind == "action"}
     reply_ids = {tuple(population[0].encode_reply(text)) for text in replies}
@@ -183,7 +240,12 @@ def test_sft_on_crafting_experts_generalises_to_heldout_worlds():
     run_sft(population, train, template, SFTConfig(epochs=12, lr=3e-3, batch_size=16), {})
     after = greedy_match_rate(population, template, heldout)
     assert max(before.values()) <= 0.1, before
-    assert min(after.values()) >= 0.6, after
+    assert min(after[i] for i in range(3)) >= 0.6, after
+    # With as many passes over each action as the role agents (sft.match=action_passes), the
+    # monolithic agent, which must also tell the roles apart, generalises less: measured 0.37
+    # here (0.57 with 24 epochs, 0.70 with 48; it reached 0.6 when bid tokens bought it ~4x the
+    # passes, sft.match=tokens).
+    assert after[3] >= 0.3, after
 
 
 def test_sft_micro_batches_give_the_same_gradient_and_stay_within_the_budget():

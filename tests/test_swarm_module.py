@@ -14,8 +14,9 @@ import torch
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.credit import CREDIT_RULES, bucket_brigade_credit
-from bidswarm.config import ModelConfig, RLConfig, TinyArchConfig
+from bidswarm.config import BidSlotWithoutBids, ModelConfig, RLConfig, TinyArchConfig
 from bidswarm.coordination import Auction, Decision
+from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.rollout.batches import ActionBatch, BidBatch, credited_batches, preference_batches
@@ -301,6 +302,38 @@ def test_gradients_are_clipped_per_agent(module, rl):
         assert torch.equal(before, p.grad)
     assert all(p.grad is None for p in agents[2].parameters())
     module.population.zero_grad(set_to_none=True)
+
+
+# -- the schedule --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "bid_slot, updates", [(BidSlotWithoutBids.skip, 3 * 4), (BidSlotWithoutBids.action, 3 * 5)]
+)
+def test_a_rule_without_bids_makes_the_auctions_action_updates_unless_told_to_fill(
+    module, bid_slot, updates
+):
+    """By default the bid slot of a rule without contested steps stays empty: it makes the
+    auction's cycles x action_updates action updates; ``action`` fills each slot (old count)."""
+    rl = RLConfig(cycles=3, bid_slot_without_bids=bid_slot)
+    seeds = make_env().train_seeds()
+    rotation = Collector(
+        RolloutLoop(make_env, loop_of(module).swarm, RoundRobin()), rl, "bucket_brigade", seeds, 0
+    )
+    auction = Collector(loop_of(module), rl, "bucket_brigade", seeds, seed=0)
+    assert rotation.total_updates == updates
+    assert {rotation.update_kind(u) for u in range(updates)} == {UpdateKind.action}
+    assert rotation.updates_made(updates - 1) == {"updates/action": updates, "updates/bid": 0}
+    # The auction's schedule is the 4:1 cycle whatever the option: 12 action + 3 bid updates.
+    assert auction.total_updates == 15
+    kinds = [auction.update_kind(u) for u in range(15)]
+    assert kinds == ([UpdateKind.action] * 4 + [UpdateKind.bid]) * 3
+    for update in range(15):
+        made = kinds[: update + 1]
+        assert auction.updates_made(update) == {
+            "updates/action": made.count(UpdateKind.action),
+            "updates/bid": made.count(UpdateKind.bid),
+        }
+    if bid_slot == BidSlotWithoutBids.skip:
+        assert rotation.total_updates == kinds.count(UpdateKind.action)
 
 
 # -- forks (Eq. 3) -----------------------------------------------------------------------------

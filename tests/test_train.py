@@ -61,9 +61,21 @@ def test_smoke_logs_metrics_params_and_artifacts_to_mlflow(smoke_run):
         "eval_after/reward/mean",
         "time/rollout_s",
         "parse_failures/bid",
+        "sft/action_tokens/agent0_logger",
+        "sft/bid_tokens/agent2_smith",
+        "sft/flops/agent1_miner",
     ):
         assert key in metrics, f"{key} missing from MLflow metrics {sorted(metrics)}"
     assert run.data.params["rl/fork_budget"] == "2"
+    # The run's budget: SFT tokens by demonstration kind and FLOPs, the updates of each kind.
+    state = read_state(run_dir)
+    for key in ("sft/action_tokens", "sft/bid_tokens", "sft/flops"):
+        assert metrics[key] == state["sft"][key] > 0
+    trained = metrics["sft/action_tokens"] + metrics["sft/bid_tokens"]
+    assert trained == state["sft"]["sft/trained_tokens"]
+    assert (metrics["updates/action"], metrics["updates/bid"]) == (1, 1)
+    assert run.data.params["sft/match"] == "action_passes"
+    assert run.data.params["rl/bid_slot_without_bids"] == "skip"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"reward_vs_flops.png", "participation.png", "resolved_config.yaml"} <= artifacts
     assert run.info.run_name == "debug=smoke"
@@ -77,6 +89,21 @@ def test_smoke_makes_both_update_kinds(smoke_run):
     assert "loss_action" in history[0], "no agent had an action to learn from"
     assert history[1]["forks/chosen"] > 0, "no contested step forked"
     assert history[1]["flops/total"] > history[0]["flops/total"] > 0
+
+
+def test_a_rule_without_bids_makes_only_the_action_updates_and_logs_its_budget(tmp_path):
+    """The monolithic arm of ``debug=smoke`` (1 cycle of 1 action + 1 bid slot): one action
+    update, no bid update; its SFT holds no bid token."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir = run_cli(tmp_path, "debug=smoke", "ablation=monolithic", "eval.before_rl=false")
+    history = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["bidswarm"]
+    assert [h["update_is_bid"] for h in history["history"]] == [0.0]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    metrics = client.get_run(read_state(run_dir)["mlflow_run_id"]).data.metrics
+    assert (metrics["updates/action"], metrics["updates/bid"]) == (1, 0)
+    assert metrics["sft/bid_tokens"] == metrics["sft/bid_tokens/agent0_monolithic"] == 0
+    assert metrics["sft/action_tokens"] > 0 and metrics["sft/flops"] > 0
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):

@@ -84,6 +84,39 @@ class BidResampling(str, Enum):
     __str__ = str.__str__
 
 
+class SFTMatch(str, Enum):
+    """What the SFT budgets of the arms of a comparison match (``sft.match``)."""
+
+    action_passes = "action_passes"
+    """[ours] Every agent makes ``sft.epochs`` passes over each demonstration it learns: a role
+    agent over its own role's actions and bids (after ``sft.bid_fraction``), the monolithic
+    agent over every role's actions (it has no bid demonstrations). So the monolithic agent sees
+    each action demonstration as often as that role's agent does, and no bid tokens become
+    extra passes over actions; its SFT FLOPs are lower (``sft/flops`` shows by how much)."""
+    tokens = "tokens"
+    """The monolithic agent trains on as many tokens as the role agents of one replica in total,
+    bids included (matched SFT compute, PAPER.md section 5). Biased towards it: bid tokens it
+    never learns are spent on more passes over the actions (with the tiny crafting defaults
+    ~23 passes over each action demonstration against a role agent's ``sft.epochs`` = 6)."""
+
+    __str__ = str.__str__
+
+
+class BidSlotWithoutBids(str, Enum):
+    """What a rule that makes no contested steps (no bids, hence no forks) does in the bid
+    slots of the ``rl.action_updates`` : ``rl.bid_updates`` schedule
+    (``rl.bid_slot_without_bids``)."""
+
+    skip = "skip"
+    """[ours] Nothing: the run makes ``rl.cycles x rl.action_updates`` updates, the action
+    updates of any rule (the same number of action updates for every arm)."""
+    action = "action"
+    """An action update in each bid slot: ``rl.cycles x (rl.action_updates + rl.bid_updates)``
+    action updates, more than a rule with bids makes."""
+
+    __str__ = str.__str__
+
+
 @dataclass
 class TinyArchConfig:
     """Shape of the Llama built from a config (``source: tiny``, random init): the tiny model,
@@ -261,6 +294,8 @@ class SFTConfig:
     micro_batch_tokens: int = 4096
     """The most tokens one SFT forward sees; a step's batch is split into micro-batches with
     gradient accumulation (the step and its loss are the same)."""
+    match: SFTMatch = SFTMatch.action_passes
+    """[ours] What the monolithic agent's SFT matches of the role agents' (:class:`SFTMatch`)."""
 
 
 @dataclass
@@ -271,6 +306,10 @@ class RLConfig:
     """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates."""
     action_updates: int = 4
     bid_updates: int = 1
+    bid_slot_without_bids: BidSlotWithoutBids = BidSlotWithoutBids.skip
+    """[ours] A rule without contested steps leaves the bid slots empty (``skip``: every arm
+    makes ``cycles x action_updates`` action updates) or fills them with action updates
+    (``action``) (:class:`BidSlotWithoutBids`)."""
     envs_per_update: int = 8
     lr: float = 1e-6
     weight_decay: float = 0.0

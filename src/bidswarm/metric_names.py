@@ -13,6 +13,19 @@ UPDATE_IS_BID = "update_is_bid"
 BOOKKEEPING = (UPDATE, UPDATE_IS_BID)
 """Kept in the run's history (plots, progress bar, checkpoints), never logged: the update is
 the MLflow step of every RL metric, and ``time/update_bid_s`` says which kind it was."""
+UPDATES_ACTION = "updates/action"
+"""Action updates made so far (logged at every update: the last value is the run's total)."""
+UPDATES_BID = "updates/bid"
+"""Bid updates made so far (0 for a rule without contested steps)."""
+SFT_ACTION_TOKENS = "sft/action_tokens"
+"""Prompt + reply tokens of action demonstrations trained on in SFT, all agents (``/<agent>``:
+one agent's); logged at step 0."""
+SFT_BID_TOKENS = "sft/bid_tokens"
+"""Prompt + reply tokens of bid demonstrations trained on in SFT (all agents; ``/<agent>``)."""
+SFT_FLOPS = "sft/flops"
+"""SFT's training FLOPs, 6 x parameters x trained tokens (all agents; ``/<agent>``)."""
+SFT_BUDGET = (SFT_ACTION_TOKENS, SFT_BID_TOKENS, SFT_FLOPS)
+"""The SFT budget a run logs, each as a total and per agent."""
 EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"

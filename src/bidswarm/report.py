@@ -47,6 +47,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from bidswarm import metric_names as names
 from bidswarm import statistics, tracking
 
 POOLED_KEYS = (
@@ -59,6 +60,15 @@ POOLED_KEYS = (
 )
 """Override keys that do not make a strategy (runs differing only in them are pooled)."""
 DEFAULT_STRATEGY = "mpt (defaults)"
+BUDGET_COLUMNS = (
+    (names.SFT_ACTION_TOKENS, "SFT action tokens"),
+    (names.SFT_BID_TOKENS, "SFT bid tokens"),
+    (names.SFT_FLOPS, "SFT FLOPs"),
+    (names.UPDATES_ACTION, "RL action updates"),
+    (names.UPDATES_BID, "RL bid updates"),
+    ("flops/total", "training FLOPs (RL)"),
+)
+"""The budget a training run logs (its final values) -> the budget table's column header."""
 
 
 @dataclass
@@ -87,6 +97,9 @@ class RunResult:
     heldout_curve: dict[str, tuple[float, float]] = field(default_factory=dict)
     """A training run's held-out mean reward along training: ``before``, ``update <u>``
     (``eval.every``), ``after`` -> (RL training FLOPs so far, reward) (:func:`heldout_curve`)."""
+    budget: dict[str, float] = field(default_factory=dict)
+    """What the training run spent (:data:`BUDGET_COLUMNS`; an evaluation run: its source
+    run's); a key the run did not log is absent."""
 
 
 @dataclass
@@ -218,12 +231,17 @@ def folder_seed(run_dir: str | None) -> int | None:
     return OmegaConf.load(config).get("seed")
 
 
+def budget_of(metrics: dict[str, float]) -> dict[str, float]:
+    """The budget (:data:`BUDGET_COLUMNS`) among a training run's final metric values."""
+    return {key: metrics[key] for key, _ in BUDGET_COLUMNS if key in metrics}
+
+
 def read_run(client: MlflowClient, run: Run) -> RunResult:
     metrics = run.data.metrics
     strategy = strategy_of(run.info.run_name or "")
     if run.data.tags.get("bidswarm.kind") == "evaluate":
         # Its own ``seed`` is the evaluation's; the training seed is its source run's.
-        flops, seed = None, None
+        flops, seed, budget = None, None, {}
         source = run.data.tags.get("bidswarm.source_run")
         if source is not None:
             try:
@@ -233,6 +251,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             if trained is not None:
                 flops = trained.data.metrics.get("flops/total")
                 seed = seed_of(trained.data.params, trained.info.run_name or "")
+                budget = budget_of(trained.data.metrics)
         if seed is None:  # the source run logged elsewhere: its folder's config says the seed
             seed = folder_seed(run.data.tags.get("bidswarm.source_run_dir"))
         outcomes = {
@@ -255,6 +274,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             world_rewards=read_world_rewards(client, run.info.run_id, "eval"),
             outcomes=outcomes,
             world_pass_at_k={k: v for k, v in world_pass_at_k.items() if v is not None},
+            budget=budget,
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
@@ -285,6 +305,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
         participation=participation,
         heldout_curve=heldout_curve(client, run.info.run_id, metrics),
+        budget=budget_of(metrics),
     )
 
 
@@ -513,6 +534,34 @@ def difference_table(differences: list[DifferenceRow], reference: str) -> str:
                 f"| {d.n} | {d.verdict} |"
             )
     return "\n".join(lines)
+
+
+def budget_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy, what its training spent (:data:`BUDGET_COLUMNS`), the mean over
+    its runs that logged it (empty when no run logged a budget)."""
+    headers = " | ".join(header for _, header in BUDGET_COLUMNS)
+    lines = [
+        "What each strategy's training spent (mean over its runs; an evaluation run counts "
+        "its source run's): SFT tokens (prompt + reply) of action and of bid demonstrations "
+        "and SFT FLOPs, the RL updates of each kind, and RL's training FLOPs (rollouts, forks "
+        "and trained tokens; SFT's apart). By default every arm makes the same passes over "
+        "each action demonstration and the same number of action updates (docs/coordination.md).",
+        "",
+        f"| strategy | {headers} | runs |",
+        "|---|" + "---|" * (len(BUDGET_COLUMNS) + 1),
+    ]
+    found = False
+    for strategy, results in groups.items():
+        budgets = [r.budget for r in results if r.budget]
+        if not budgets:
+            continue
+        found = True
+        cells = []
+        for key, _ in BUDGET_COLUMNS:
+            logged = [budget[key] for budget in budgets if key in budget]
+            cells.append(f"{sum(logged) / len(logged):.3g}" if logged else "n/a")
+        lines.append(f"| {strategy} | {' | '.join(cells)} | {len(budgets)} |")
+    return "\n".join(lines) if found else ""
 
 
 def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
@@ -905,6 +954,7 @@ def write_report(
         reference = reference_strategy(rows, reference)
         sections.append(difference_table(paired_differences(rows, reference), reference))
     tables = (
+        budget_table(groups),
         rl_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),

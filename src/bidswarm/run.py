@@ -502,6 +502,9 @@ class Run:
                 seed=self.cfg.seed,
             )
             self.state["sft"] = result
+            # The SFT budget (tokens by demonstration kind, FLOPs) of the arm, for the report.
+            budget = {k: v for k, v in result.items() if k.startswith(names.SFT_BUDGET)}
+            self.logger.log_metrics(budget, step=0)
         if rank_zero_only.rank == 0:
             self.population.save_pretrained(self.run_dir / "sft", self.lora_base_folder)
         self.state["sft_done"] = True
@@ -629,14 +632,9 @@ class Run:
         return [PeriodicEvaluation(self, self.cfg.eval.every, total_updates)]
 
     def sft_flops(self) -> float:
-        """SFT's training FLOPs: 6 x parameters x trained tokens per agent (PAPER.md section 5,
-        as the RL ledger counts them)."""
-        result = self.state.get("sft", {})
-        total = 0.0
-        for index, agent in enumerate(self.population.agents):
-            tokens = result.get(f"sft/trained_tokens/{agent_folder_name(index, agent.role)}", 0.0)
-            total += 6.0 * sum(p.numel() for p in agent.parameters()) * tokens
-        return total
+        """SFT's training FLOPs (``sft/flops``, :func:`bidswarm.lit.sft.sft_budget`; 0 without
+        SFT)."""
+        return self.state.get("sft", {}).get(names.SFT_FLOPS, 0.0)
 
     @property
     def lora_base_folder(self) -> Path:

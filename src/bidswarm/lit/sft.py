@@ -1,9 +1,13 @@
 """SFT cold start (PAPER.md section 5): each agent learns only its own role's demonstrations.
 
-A role agent trains on its role's bid and action demonstrations for ``SFTConfig.epochs`` (of the
-bid ones, a seeded ``SFTConfig.bid_fraction`` share); the monolithic agent (role None) trains on
-every role's actions (the demonstrations with role None) for as many tokens as the role agents
-of one replica train in total (matched SFT compute).
+Every agent makes ``SFTConfig.epochs`` passes over each demonstration it learns, each pass in a
+fresh seeded order: a role agent over its role's action and bid demonstrations (of the bid ones,
+a seeded ``SFTConfig.bid_fraction`` share), the monolithic agent (role None) over every role's
+actions (the demonstrations with role None), so it sees each action demonstration as often as
+that role's agent (``sft.match=action_passes``). With ``sft.match=tokens`` the monolithic
+agent's passes instead go on until it has trained as many tokens as the role agents of one
+replica in total, bids included (:class:`~bidswarm.config.SFTMatch` says why that favours it).
+Each plan's action and bid tokens and FLOPs are the run's SFT budget (:func:`sft_budget`).
 The loss is the token mean of the negative log-likelihood of the reply tokens (end of sequence
 included), never of the prompt. Each agent's batch is forwarded in micro-batches of at most
 ``SFTConfig.micro_batch_tokens`` tokens with gradient accumulation: the step is the same, its
@@ -26,20 +30,23 @@ import torch
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
+from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.config import SFTConfig
+from bidswarm.config import SFTConfig, SFTMatch
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
 
 
 @dataclass(frozen=True)
 class SFTExample:
-    """A tokenized demonstration: prompt tokens and reply tokens (ending with eos)."""
+    """A tokenized demonstration: prompt tokens, reply tokens (ending with eos) and its kind
+    (``action`` or ``bid``)."""
 
     prompt_ids: list[int]
     reply_ids: list[int]
+    kind: str
 
     @property
     def tokens(self) -> int:
@@ -58,7 +65,7 @@ def encode_demonstrations(
     ]
     prompt_ids = agent.encode_prompts(texts) if texts else []
     return [
-        SFTExample(ids, agent.encode_reply(prompts.reply_text(d.reply)))
+        SFTExample(ids, agent.encode_reply(prompts.reply_text(d.reply)), d.kind)
         for ids, d in zip(prompt_ids, demonstrations, strict=True)
     ]
 
@@ -134,6 +141,14 @@ class AgentPlan:
     def loss_tokens(self) -> int:
         return sum(len(self.examples[index].reply_ids) for index in self.stream)
 
+    def trained_tokens_of(self, kind: str) -> int:
+        """Prompt + reply tokens of the ``kind`` (``action`` or ``bid``) examples trained on."""
+        return sum(
+            self.examples[index].tokens
+            for index in self.stream
+            if self.examples[index].kind == kind
+        )
+
 
 def plan_sft(
     population: Population,
@@ -146,13 +161,13 @@ def plan_sft(
     rng = random.Random(seed)
     demonstrations = keep_bid_fraction(demonstrations, cfg.bid_fraction, rng)
     role_demos = [d for d in demonstrations if d.role is not None]
-    plans = []
+    plans: list[AgentPlan] = []
     for agent in population:
         examples = encode_demonstrations(
             agent, demonstrations_of(agent.role, demonstrations), prompts
         )
-        if agent.role is None:
-            # Matched compute: as many tokens as one replica of every role trains in total.
+        if agent.role is None and cfg.match == SFTMatch.tokens:
+            # As many tokens as one replica of every role trains in total, bids included.
             budget = cfg.epochs * sum(
                 e.tokens for e in encode_demonstrations(agent, role_demos, prompts)
             )
@@ -161,6 +176,25 @@ def plan_sft(
             stream = epoch_stream(len(examples), cfg.epochs, rng)
         plans.append(AgentPlan(examples, stream, cfg.batch_size))
     return plans
+
+
+def sft_budget(population: Population, plans: list[AgentPlan]) -> dict[str, float]:
+    """What SFT spends, per agent and in total: ``sft/action_tokens`` and ``sft/bid_tokens``
+    (prompt + reply tokens trained on, by demonstration kind) and ``sft/flops`` (6 x parameters
+    x trained tokens, PAPER.md section 5, as the RL ledger counts them); each as
+    ``<name>/<agent>`` and ``<name>`` (the sum over agents)."""
+    budget: dict[str, float] = {name: 0.0 for name in names.SFT_BUDGET}
+    for index, (agent, plan) in enumerate(zip(population, plans, strict=True)):
+        params = sum(p.numel() for p in agent.parameters())
+        spent = {
+            names.SFT_ACTION_TOKENS: float(plan.trained_tokens_of("action")),
+            names.SFT_BID_TOKENS: float(plan.trained_tokens_of("bid")),
+            names.SFT_FLOPS: 6.0 * params * plan.trained_tokens,
+        }
+        for name, value in spent.items():
+            budget[f"{name}/{agent_folder_name(index, agent.role)}"] = value
+            budget[name] += value
+    return budget
 
 
 def cosine_schedule(total_steps: int):
@@ -270,7 +304,7 @@ def run_sft(
     ``trainer_kwargs`` go to the Trainer (accelerator, devices, precision, ...); loss curves
     go to ``logger`` per agent. Returns ``sft/final_loss/<agent>``, ``sft/trained_tokens/<agent>``
     (prompt + reply tokens processed), ``sft/loss_tokens/<agent>`` (supervised reply tokens),
-    ``sft/trained_tokens`` (all agents) and ``sft/steps``.
+    ``sft/trained_tokens`` (all agents), ``sft/steps`` and the SFT budget (:func:`sft_budget`).
     """
     plans = plan_sft(population, demonstrations, prompts, cfg, seed)
     module = SFTModule(population, plans, cfg)
@@ -296,6 +330,7 @@ def run_sft(
         result[f"sft/trained_tokens/{name}"] = float(plan.trained_tokens)
         result[f"sft/loss_tokens/{name}"] = float(plan.loss_tokens)
     result["sft/trained_tokens"] = float(sum(plan.trained_tokens for plan in plans))
+    result |= sft_budget(population, plans)
     # The trainer and the module refer to each other: free the SFT optimizer's states (two
     # copies of every weight) now, not at some later garbage collection, before RL makes its own.
     del trainer, module

@@ -1,7 +1,10 @@
 """The collector: each update's fresh on-policy data as plain per-agent batches and metrics.
 
 Update ``u`` of a cycle of ``rl.action_updates + rl.bid_updates`` is an action update or a bid
-update (:meth:`Collector.update_kind`). For either, the collector draws ``rl.envs_per_update``
+update (:meth:`Collector.update_kind`); a rule without contested steps has no bid updates, and
+by default (``rl.bid_slot_without_bids=skip``) its cycles are only the ``rl.action_updates``
+action updates, so every arm makes the same number of action updates
+(:attr:`Collector.total_updates`). For either kind, the collector draws ``rl.envs_per_update``
 training worlds and plays them in lock-step (``RolloutLoop.run``); then
 
 - action update: the configured credit rule over each episode's acting steps (Eq. 2), grouped
@@ -23,7 +26,7 @@ from typing import Any
 
 from bidswarm import metric_names as names
 from bidswarm.algorithms.credit import MemoryTreeRule, make_credit_rule
-from bidswarm.config import RLConfig
+from bidswarm.config import BidSlotWithoutBids, RLConfig
 from bidswarm.rollout.batches import (
     ActionBatch,
     BidBatch,
@@ -88,15 +91,39 @@ class Collector:
         return self.loop.swarm.usage
 
     @property
+    def makes_bid_updates(self) -> bool:
+        """Whether the schedule has bid updates: the rule makes contested steps to fork."""
+        return self.loop.coordination.makes_contested_steps and self.rl.bid_updates > 0
+
+    @property
+    def updates_per_cycle(self) -> int:
+        """``action_updates + bid_updates``; without bid updates, the bid slots are skipped
+        unless ``rl.bid_slot_without_bids=action`` makes them action updates."""
+        fill = self.rl.bid_slot_without_bids == BidSlotWithoutBids.action
+        if self.makes_bid_updates or fill:
+            return self.rl.action_updates + self.rl.bid_updates
+        return self.rl.action_updates
+
+    @property
     def total_updates(self) -> int:
-        return self.rl.cycles * (self.rl.action_updates + self.rl.bid_updates)
+        return self.rl.cycles * self.updates_per_cycle
 
     def update_kind(self, update: int) -> UpdateKind:
         """The 4:1 schedule; rules without contested steps only ever make action updates."""
-        if not self.loop.coordination.makes_contested_steps or self.rl.bid_updates == 0:
+        if not self.makes_bid_updates:
             return UpdateKind.action
         cycle = self.rl.action_updates + self.rl.bid_updates
         return UpdateKind.action if update % cycle < self.rl.action_updates else UpdateKind.bid
+
+    def updates_made(self, update: int) -> dict[str, float]:
+        """``updates/action`` and ``updates/bid``: the updates of each kind made once
+        ``update`` (counted from 0) is done."""
+        made = update + 1
+        if not self.makes_bid_updates:
+            return {names.UPDATES_ACTION: float(made), names.UPDATES_BID: 0.0}
+        cycles, rest = divmod(made, self.updates_per_cycle)
+        action = cycles * self.rl.action_updates + min(rest, self.rl.action_updates)
+        return {names.UPDATES_ACTION: float(action), names.UPDATES_BID: float(made - action)}
 
     def collect(self, update: int, rank: int = 0) -> Collected:
         """Fresh episodes for ``update`` on process ``rank`` -> per-agent batches + metrics."""
@@ -130,9 +157,7 @@ class Collector:
             metrics |= stats.as_metrics()
         for batch in batches:
             swarm.count_trained(batch.agent, batch.tokens)
-        metrics |= self.usage.as_metrics() | {
-            names.UPDATE: float(update),
-            names.UPDATE_IS_BID: float(kind == UpdateKind.bid),
-        }
+        metrics |= self.usage.as_metrics() | self.updates_made(update)
+        metrics |= {names.UPDATE: float(update), names.UPDATE_IS_BID: float(kind == UpdateKind.bid)}
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
         return Collected(kind, batches, metrics)
