@@ -232,6 +232,7 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl):
         prompt_ids,
         [policy.encode_reply(level) for level in levels],
         [policy.encode_reply(level) for level in reversed(levels)],
+        [1.0] * len(levels),
     )
     module.rl = RLConfig(micro_batch_tokens=10**9)
     whole = gradient_of(module, module.bid_loss, batch)
