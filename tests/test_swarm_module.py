@@ -340,7 +340,9 @@ def test_a_forks_counterfactual_bid_always_parsed_below_the_runner_up(module):
     loop = loop_of(module)
     rng, generator = random.Random(5), torch.Generator().manual_seed(5)
     episodes = loop.run(list(range(8)), rng, generator, keep_snapshots=True)
-    rl = RLConfig(fork_budget=4, max_bid_resamples=3, bid_resample_temperature=3.0)
+    rl = RLConfig(
+        fork_budget=4, bid_resample="rejection", max_bid_resamples=3, bid_resample_temperature=3.0
+    )
     pairs, stats = fork_pairs(loop, episodes, rl, rng, generator)
     assert stats.unparsed_resamples > 0, "the guard was never exercised"
     contested = [s for e in episodes for s in e.steps if s.contested]
@@ -384,25 +386,26 @@ def test_fork_selection_until_the_last_reward():
 
 def test_bids_drawn_below_the_runner_up_follow_the_policy(module):
     """``bid_below`` returns well-formed levels under each ceiling; at a tiny temperature it
-    picks the level the policy scores highest among them."""
+    picks the level that sampling at that temperature emits most likely among them."""
     swarm = loop_of(module).swarm
     envs = [make_env() for _ in range(4)]
     for seed, env in enumerate(envs):
         env.reset(seed)
     ceilings = [0.8, 0.6, 0.4, 0.2]
     generator = torch.Generator().manual_seed(0)
-    drawn = swarm.bid_below(1, envs, ceilings, generator, temperature=1.0)
+    drawn, masses = swarm.bid_below(1, envs, ceilings, generator, temperature=1.0)
+    assert all(0.0 < q <= 1.0 for q in masses)
     policy = swarm.population.agents[1]
     for reply_, ceiling in zip(drawn, ceilings, strict=True):
         level, parsed = parse_bid(reply_.text, LEVELS)
         assert parsed and level < ceiling
         assert reply_.reply_ids == policy.encode_reply(swarm.prompts.reply_text(reply_.text))
-    greedy = swarm.bid_below(1, envs[:1], [0.8], generator, temperature=1e-4)[0]
+    greedy = swarm.bid_below(1, envs[:1], [0.8], generator, temperature=1e-4)[0][0]
     prompt = policy.encode_prompts([swarm.prompts.bid("miner", envs[0].observation("miner"))])[0]
     candidates = [0.0, 0.2, 0.4, 0.6]
     replies = [policy.encode_reply(swarm.prompts.reply_text(f"{c:.1f}")) for c in candidates]
     with torch.no_grad():
-        logp, mask = policy.reply_token_logprobs([prompt] * 4, replies)
+        logp, mask = policy.reply_token_logprobs([prompt] * 4, replies, temperature=1e-4)
     best = candidates[int((logp * mask).sum(dim=1).argmax())]
     assert greedy.text == f"{best:.1f}"
 
