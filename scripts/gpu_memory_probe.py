@@ -63,7 +63,8 @@ def bid_update(population, pairs, prompt, reply, budget, generator) -> None:
             logp, mask = agent.reply_token_logprobs(prompts, replies)
             summed = (logp * mask).sum(dim=1)
             n = len(part)
-            bradley_terry_loss(summed[:n], summed[n:], 1.0, pairs=pairs)["loss_bid"].backward()
+            terms = bradley_terry_loss(summed[:n], summed[n:], 1.0, normalizer=float(pairs))
+            terms["loss_bid"].backward()
 
 
 def main() -> None:

@@ -10,16 +10,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import Tensor
 
 from bidswarm.algorithms import (
     CREDIT_RULES,
     AuctionOutcome,
     bradley_terry_loss,
     bucket_brigade_credit,
+    draw_below,
     episode_return_credit,
     fork_preference,
     random_bid_credit,
     reinforce_loss,
+    rejection_keep_probability,
     reward_to_go_credit,
     run_auction,
 )
@@ -346,6 +349,150 @@ def test_bradley_terry_rejects_bad_input() -> None:
         bradley_terry_loss(torch.zeros(0), torch.zeros(0))
     with pytest.raises(ValueError, match="beta"):
         bradley_terry_loss(torch.zeros(1), torch.zeros(1), beta=0.0)
+
+
+def test_bradley_terry_with_unit_weights_is_the_unweighted_loss_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    winner, loser = torch.randn(7, requires_grad=True), torch.randn(7)
+    plain = bradley_terry_loss(winner, loser, 0.7)["loss_bid"]
+    (plain_grad,) = torch.autograd.grad(plain, winner)
+    unit = bradley_terry_loss(winner, loser, 0.7, weights=torch.ones(7))["loss_bid"]
+    (unit_grad,) = torch.autograd.grad(unit, winner)
+    assert torch.equal(plain, unit) and torch.equal(plain_grad, unit_grad)
+    # The micro-batch form (the whole batch's pair count as normalizer) is the same loss too.
+    parts = [
+        bradley_terry_loss(winner[s], loser[s], 0.7, weights=torch.ones(len(range(7)[s])),
+                           normalizer=7.0)["loss_bid"]
+        for s in (slice(0, 3), slice(3, 7))
+    ]  # fmt: skip
+    torch.testing.assert_close(parts[0] + parts[1], plain)
+
+
+def test_bradley_terry_weights_give_the_weighted_mean() -> None:
+    winner = torch.tensor([-1.0, -3.0, -0.5], dtype=torch.float64)
+    loser = torch.tensor([-2.0, -1.0, -0.5], dtype=torch.float64)
+    weights = torch.tensor([0.2, 1.0, 0.5], dtype=torch.float64)
+    beta = 2.0
+    by_hand = [-math.log(1.0 / (1.0 + math.exp(-beta * m))) for m in (1.0, -2.0, 0.0)]
+    expected = (0.2 * by_hand[0] + 1.0 * by_hand[1] + 0.5 * by_hand[2]) / 1.7
+    result = bradley_terry_loss(winner, loser, beta, weights=weights)
+    assert result["loss_bid"].item() == pytest.approx(expected, rel=1e-12)
+    assert result["preference_accuracy"].item() == pytest.approx(1 / 3)  # pairs, not weights
+
+
+def test_bradley_terry_micro_batches_with_weights_sum_to_the_whole_batch() -> None:
+    """Each micro-batch divides by the whole batch's weight sum: losses and gradients add up."""
+    torch.manual_seed(1)
+    winner = torch.randn(10, dtype=torch.float64, requires_grad=True)
+    loser = torch.randn(10, dtype=torch.float64)
+    weights = torch.rand(10, dtype=torch.float64) + 0.05
+    whole = bradley_terry_loss(winner, loser, weights=weights)["loss_bid"]
+    (whole_grad,) = torch.autograd.grad(whole, winner)
+    total = float(weights.sum())
+    parts = [
+        bradley_terry_loss(winner[a:b], loser[a:b], weights=weights[a:b], normalizer=total)
+        for a, b in ((0, 4), (4, 5), (5, 10))
+    ]
+    split = sum(part["loss_bid"] for part in parts)
+    (split_grad,) = torch.autograd.grad(split, winner)
+    torch.testing.assert_close(split, whole)
+    torch.testing.assert_close(split_grad, whole_grad)
+
+
+def test_bradley_terry_rejects_bad_weights() -> None:
+    with pytest.raises(ValueError, match="weights must have shape"):
+        bradley_terry_loss(torch.zeros(2), torch.zeros(2), weights=torch.ones(3))
+    with pytest.raises(ValueError, match=">= 0"):
+        bradley_terry_loss(torch.zeros(2), torch.zeros(2), weights=torch.tensor([1.0, -0.1]))
+    with pytest.raises(ValueError, match="weight sum"):
+        bradley_terry_loss(torch.zeros(2), torch.zeros(2), weights=torch.zeros(2))
+
+
+# --- the fork's bid redraw (section 4): weighted draws below vs rejection sampling --------------
+
+
+def test_rejection_keep_probability() -> None:
+    assert rejection_keep_probability(0.0, 3) == 0.0
+    assert rejection_keep_probability(1.0, 3) == 1.0
+    assert rejection_keep_probability(0.5, 3) == pytest.approx(0.875)
+    assert rejection_keep_probability(0.3, 1) == pytest.approx(0.3)
+    assert rejection_keep_probability(1e-12, 3) == pytest.approx(3e-12, rel=1e-9)
+    with pytest.raises(ValueError, match="probability"):
+        rejection_keep_probability(1.5, 3)
+    with pytest.raises(ValueError, match="tries"):
+        rejection_keep_probability(0.5, 0)
+
+
+# Per step: the policy's probability of each level's reply (the rest of the mass: replies that
+# do not parse), the runner-up's bid, and the value f(step, level) a kept fork adds.
+FORK_STEPS = [
+    ([0.02, 0.02, 0.03, 0.03, 0.85], 0.6, [5.0, -1.0, 2.0, 0.0, 0.0]),  # confident: q = 0.07
+    ([0.20, 0.20, 0.20, 0.20, 0.15], 0.4, [1.0, 3.0, 0.0, 0.0, 0.0]),  # spread: q = 0.40
+    ([0.05, 0.10, 0.25, 0.30, 0.25], 0.2, [4.0, 0.0, 0.0, 0.0, 0.0]),  # one level below: 0.05
+    ([0.30, 0.30, 0.20, 0.10, 0.05], 0.8, [-2.0, 1.0, 0.5, 3.0, 0.0]),  # nearly sure: q = 0.90
+]
+
+
+def _rejection_sampling_sums(replicates: int, tries: int, generator: torch.Generator) -> Tensor:
+    """Per replicate: sum over the steps of f(step, kept bid) for the forks that ``tries``
+    resamples from the whole policy (a try succeeds when it parses below the runner-up) keep."""
+    totals = torch.zeros(replicates, dtype=torch.float64)
+    for probs, runner_up, values in FORK_STEPS:
+        full = torch.tensor([*probs, 1.0 - sum(probs)], dtype=torch.float64)  # last: unparsed
+        draws = torch.multinomial(full, replicates * tries, replacement=True, generator=generator)
+        draws = draws.view(replicates, tries)
+        below = torch.tensor([level < runner_up for level in BID_LEVELS] + [False])[draws]
+        first = below.to(torch.int64).argmax(dim=1)  # first successful try (0 when none)
+        kept_level = draws.gather(1, first[:, None])[:, 0]
+        f = torch.tensor([*values, 0.0], dtype=torch.float64)
+        totals += torch.where(below.any(dim=1), f[kept_level], 0.0)
+    return totals
+
+
+def _weighted_draw_sums(
+    replicates: int, tries: int, generator: torch.Generator, weighted: bool
+) -> Tensor:
+    """Per replicate: sum over the steps of w * f(step, drawn bid), the bid drawn below the
+    runner-up with :func:`draw_below` and w its keep probability (1 when not ``weighted``)."""
+    totals = torch.zeros(replicates, dtype=torch.float64)
+    for probs, runner_up, values in FORK_STEPS:
+        below = [k for k, level in enumerate(BID_LEVELS) if level < runner_up]
+        logprobs = torch.tensor([probs[k] for k in below], dtype=torch.float32).log()
+        for r in range(replicates):
+            choice, q = draw_below(logprobs, generator)
+            weight = rejection_keep_probability(q, tries) if weighted else 1.0
+            totals[r] += weight * values[below[choice]]
+    return totals
+
+
+def _agree(a: Tensor, b: Tensor) -> tuple[float, float]:
+    """|mean(a) - mean(b)| and the standard error of that difference."""
+    gap = abs(float(a.mean() - b.mean()))
+    se = math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
+    return gap, se
+
+
+def test_weighted_draws_below_have_the_expectation_of_three_try_rejection_sampling() -> None:
+    """E[sum over kept forks of f] by the paper's rejection sampling (3 tries, failed and
+    malformed tries included) equals that of draws below the runner-up weighted by
+    1 - (1 - q)^3, within Monte Carlo error; unweighted draws (every fork kept) do not."""
+    replicates, tries = 4000, 3
+    generator = torch.Generator().manual_seed(0)
+    rejection = _rejection_sampling_sums(replicates, tries, generator)
+    weighted = _weighted_draw_sums(replicates, tries, generator, weighted=True)
+    unweighted = _weighted_draw_sums(replicates, tries, generator, weighted=False)
+    gap, se = _agree(weighted, rejection)
+    assert gap < 4 * se, f"weighted {weighted.mean():.4f} vs rejection {rejection.mean():.4f}"
+    gap, se = _agree(unweighted, rejection)
+    assert gap > 10 * se, f"unweighted {unweighted.mean():.4f} ~ rejection {rejection.mean():.4f}"
+    # Both estimate the closed form: sum over steps of keep probability x E_below[f].
+    exact = 0.0
+    for probs, runner_up, values in FORK_STEPS:
+        below = [k for k, level in enumerate(BID_LEVELS) if level < runner_up]
+        q = sum(probs[k] for k in below)
+        exact += (1 - (1 - q) ** tries) * sum(probs[k] * values[k] for k in below) / q
+    assert abs(float(rejection.mean()) - exact) < 4 * float(rejection.std()) / replicates**0.5
+    assert abs(float(weighted.mean()) - exact) < 4 * float(weighted.std()) / replicates**0.5
 
 
 def test_fork_preference() -> None:

@@ -18,6 +18,7 @@ from bidswarm.config import BidSlotWithoutBids, ModelConfig, RLConfig, TinyArchC
 from bidswarm.coordination import Auction, Decision
 from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
+from bidswarm.envs.experts import play_expert_episode
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.rollout.batches import ActionBatch, BidBatch, credited_batches, preference_batches
 from bidswarm.rollout.collector import Collected, Collector, UpdateKind
@@ -222,7 +223,10 @@ def test_micro_batched_action_update_equals_the_whole_batch(module, rl, normaliz
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
 
 
-def test_micro_batched_bid_update_equals_the_whole_batch(module, rl):
+@pytest.mark.parametrize(
+    "weights", [[1.0] * 6, [0.2, 1.0, 0.05, 0.7, 0.4, 0.9]], ids=["unweighted", "weighted"]
+)
+def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights):
     policy = module.population.agents[0]
     prompts = loop_of(module).swarm.prompts
     observations = [f"inventory: {n} planks. near: forest" for n in range(6)]
@@ -233,6 +237,7 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl):
         prompt_ids,
         [policy.encode_reply(level) for level in levels],
         [policy.encode_reply(level) for level in reversed(levels)],
+        weights,
     )
     module.rl = RLConfig(micro_batch_tokens=10**9)
     whole = gradient_of(module, module.bid_loss, batch)
@@ -372,7 +377,9 @@ def test_a_forks_counterfactual_bid_always_parsed_below_the_runner_up(module):
     loop = loop_of(module)
     rng, generator = random.Random(5), torch.Generator().manual_seed(5)
     episodes = loop.run(list(range(8)), rng, generator, keep_snapshots=True)
-    rl = RLConfig(fork_budget=4, max_bid_resamples=3, bid_resample_temperature=3.0)
+    rl = RLConfig(
+        fork_budget=4, bid_resample="rejection", max_bid_resamples=3, bid_resample_temperature=3.0
+    )
     pairs, stats = fork_pairs(loop, episodes, rl, rng, generator)
     assert stats.unparsed_resamples > 0, "the guard was never exercised"
     contested = [s for e in episodes for s in e.steps if s.contested]
@@ -416,25 +423,26 @@ def test_fork_selection_until_the_last_reward():
 
 def test_bids_drawn_below_the_runner_up_follow_the_policy(module):
     """``bid_below`` returns well-formed levels under each ceiling; at a tiny temperature it
-    picks the level the policy scores highest among them."""
+    picks the level that sampling at that temperature emits most likely among them."""
     swarm = loop_of(module).swarm
     envs = [make_env() for _ in range(4)]
     for seed, env in enumerate(envs):
         env.reset(seed)
     ceilings = [0.8, 0.6, 0.4, 0.2]
     generator = torch.Generator().manual_seed(0)
-    drawn = swarm.bid_below(1, envs, ceilings, generator, temperature=1.0)
+    drawn, masses = swarm.bid_below(1, envs, ceilings, generator, temperature=1.0)
+    assert all(0.0 < q <= 1.0 for q in masses)
     policy = swarm.population.agents[1]
     for reply_, ceiling in zip(drawn, ceilings, strict=True):
         level, parsed = parse_bid(reply_.text, LEVELS)
         assert parsed and level < ceiling
         assert reply_.reply_ids == policy.encode_reply(swarm.prompts.reply_text(reply_.text))
-    greedy = swarm.bid_below(1, envs[:1], [0.8], generator, temperature=1e-4)[0]
+    greedy = swarm.bid_below(1, envs[:1], [0.8], generator, temperature=1e-4)[0][0]
     prompt = policy.encode_prompts([swarm.prompts.bid("miner", envs[0].observation("miner"))])[0]
     candidates = [0.0, 0.2, 0.4, 0.6]
     replies = [policy.encode_reply(swarm.prompts.reply_text(f"{c:.1f}")) for c in candidates]
     with torch.no_grad():
-        logp, mask = policy.reply_token_logprobs([prompt] * 4, replies)
+        logp, mask = policy.reply_token_logprobs([prompt] * 4, replies, temperature=1e-4)
     best = candidates[int((logp * mask).sum(dim=1).argmax())]
     assert greedy.text == f"{best:.1f}"
 
@@ -471,3 +479,133 @@ def test_scoring_forwards_stay_within_the_token_budget(module):
         swarm.token_budget = None
     assert len(forwards) >= 3 + 4 and max(forwards) <= 2 * widest
     assert split == pytest.approx(whole, abs=1e-5)
+
+
+# -- the default fork feed: bids drawn below the runner-up, weighted as 3 rejection tries ----
+BID_SPREAD = [0.15, 0.2, 0.2, 0.2, 0.25]
+"""How often each level's reply is in the bid demonstrations of :func:`bidding_swarm`."""
+
+
+@pytest.fixture(scope="module")
+def bidding_swarm() -> Swarm:
+    """A tiny swarm fitted, briefly, to the scripted experts' actions (so that who acts
+    changes the reward) and to reply each canonical bid level with the frequencies of
+    ``BID_SPREAD`` (a spread bid policy: its mass below a runner-up is neither ~0 nor ~1).
+    Its bid budget fits every canonical bid reply."""
+    env = make_env()
+    demos = [d for seed in range(4) for d in play_expert_episode(env, seed, LEVELS).demonstrations]
+    texts = PromptTemplate.for_env(env, "compact", None, LEVELS)
+    bids = [d for d in demos if d.kind == "bid"]
+    actions = [d for d in demos if d.kind == "action" and d.role is not None]
+    corpus = [texts.bid(d.role, d.observation) for d in bids]
+    corpus += [texts.action(d.role, d.observation) + texts.reply_text(d.reply) for d in actions]
+    corpus += [texts.reply_text(f"{level:.1f}") for level in LEVELS] * 20
+    arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    cfg = ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch)
+    torch.manual_seed(0)
+    population = Population.build(cfg, list(env.roles), 1, corpus)
+    prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, LEVELS)
+    for agent in population.agents:
+        mine = [d for d in actions if d.role == agent.role]
+        bid_prompts = [prompts.bid(agent.role, d.observation) for d in bids if d.role == agent.role]
+        rows = [(prompts.action(agent.role, d.observation), d.reply, 1.0) for d in mine]
+        rows += [
+            (prompt, f"{level:.1f}", share)
+            for prompt in bid_prompts[:: max(len(bid_prompts) // 12, 1)]
+            for level, share in zip(LEVELS, BID_SPREAD, strict=True)
+        ]
+        prompt_ids = agent.encode_prompts([prompt for prompt, _, _ in rows])
+        reply_ids = [agent.encode_reply(prompts.reply_text(reply)) for _, reply, _ in rows]
+        weights = torch.tensor([weight for _, _, weight in rows])
+        optimizer = torch.optim.Adam(agent.parameters(), lr=2e-2)
+        for _ in range(80):
+            logp, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
+            loss = -((logp * mask).sum(dim=1) * weights).sum() / weights.sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    policy = population.agents[0]
+    longest = max(len(policy.encode_reply(prompts.reply_text(f"{b:.1f}"))) for b in LEVELS)
+    return Swarm(population, prompts, longest + 1, 12, 1.0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_the_mass_below_is_the_chance_that_one_sampled_bid_is_a_level_below(
+    bidding_swarm, temperature
+):
+    """``bid_below``'s q is the chance that one bid sampled at the same temperature (what a
+    rejection try draws) is the canonical reply of a level below the ceiling: checked against
+    the frequency among 3000 sampled replies (token-by-token tempering, as generation does)."""
+    swarm = bidding_swarm
+    envs = [make_env() for _ in range(3)]
+    for seed, env in enumerate(envs):
+        env.reset(seed)
+    ceilings = [0.8, 0.6, 0.2]
+    _, masses = swarm.bid_below(
+        1, envs, ceilings, torch.Generator().manual_seed(0), temperature=temperature
+    )
+    samples = 3000
+    bids = swarm.bid(
+        1, envs, torch.Generator().manual_seed(1), copies=samples, temperature=temperature
+    )
+    policy = swarm.population.agents[1]
+    for k, (ceiling, q) in enumerate(zip(ceilings, masses, strict=True)):
+        canonical = [
+            policy.encode_reply(swarm.prompts.reply_text(f"{level:.1f}"))
+            for level in LEVELS
+            if level < ceiling
+        ]
+        drawn = bids[k * samples : (k + 1) * samples]
+        frequency = sum(bid.reply.reply_ids in canonical for bid in drawn) / samples
+        assert 0.02 < q < 0.98, "the fitted policy should spread its bids"
+        assert abs(frequency - q) < 4 * (q * (1 - q) / samples) ** 0.5, (ceiling, frequency, q)
+
+
+def fork_feed(swarm: Swarm, rl: RLConfig):
+    loop = RolloutLoop(make_env, swarm, Auction())
+    rng, generator = random.Random(7), torch.Generator().manual_seed(7)
+    episodes = loop.run(list(range(6)), rng, generator, keep_snapshots=True)
+    pairs, stats = fork_pairs(loop, episodes, rl, rng, generator)
+    return episodes, pairs, stats
+
+
+def test_weighted_forks_carry_the_chance_that_three_tries_keep_them(bidding_swarm):
+    """The default feed plays every chosen fork and weights its pair by 1 - (1 - q)^3, q the
+    policy's mass on the levels below the runner-up (recomputed here from the bid prompt); the
+    funnel reports the weight sum and the effective number of pairs."""
+    swarm = bidding_swarm
+    rl = RLConfig(fork_budget=3)
+    assert rl.bid_resample == "weighted_below_runner_up" and rl.fork_steps == "all"
+    episodes, pairs, stats = fork_feed(swarm, rl)
+    assert stats.resampled_below == stats.chosen > 0 and pairs
+    weights = [pair.weight for pair in pairs]
+    assert all(0.0 < w <= 1.0 for w in weights) and min(weights) < 0.99
+    metrics = stats.as_metrics()
+    assert metrics["forks/pairs"] == len(pairs)
+    assert metrics["forks/pair_weight"] == pytest.approx(sum(weights))
+    effective = sum(weights) ** 2 / sum(w * w for w in weights)
+    assert metrics["forks/effective_pairs"] == pytest.approx(effective)
+    assert 1.0 <= effective <= len(pairs)
+    runner_up = {
+        (s.actor, tuple(s.bids[s.actor].reply.prompt_ids)): s.decision.runner_up_bid
+        for e in episodes
+        for s in e.steps
+        if s.contested
+    }
+    for pair in pairs:
+        policy = swarm.bid_population.agents[pair.agent]
+        below = [level for level in LEVELS if level < runner_up[pair.agent, tuple(pair.prompt_ids)]]
+        replies = [policy.encode_reply(swarm.prompts.reply_text(f"{b:.1f}")) for b in below]
+        sums, _ = policy.sequence_logprobs([pair.prompt_ids] * len(below), replies)
+        q = float(sums.double().exp().sum())
+        assert pair.weight == pytest.approx(1 - (1 - q) ** 3, rel=1e-4)
+
+
+def test_unweighted_forks_have_unit_weights(bidding_swarm):
+    _, pairs, stats = fork_feed(
+        bidding_swarm, RLConfig(fork_budget=3, bid_resample="below_runner_up")
+    )
+    assert pairs and all(pair.weight == 1.0 for pair in pairs)
+    assert stats.pair_weight == stats.effective_pairs == stats.pairs == len(pairs)
+    (batch, *_) = preference_batches(pairs)
+    assert batch.weights == [1.0] * len(batch.prompt_ids)

@@ -64,9 +64,12 @@ class ForkSteps(str, Enum):
     """Which contested steps a bid update may fork (``rl.fork_steps``)."""
 
     all = "all"
-    """Every contested step (paper-faithful: the paper says no more)."""
+    """Every contested step (paper-faithful: the paper says no more). The default."""
     until_last_reward = "until_last_reward"
-    """[ours] Those at or before the episode's last reward."""
+    """[ours] Those at or before the episode's last reward (fewer ties per fork). Biased: the
+    choice reads the recorded branch's outcome; after its last reward the recorded branch scores
+    0 and rewards are >= 0, so the forks left out could only tie or prefer the lower bid:
+    leaving them out tilts the labels toward "keep the high bid"."""
 
     __str__ = str.__str__
 
@@ -76,10 +79,22 @@ class BidResampling(str, Enum):
 
     rejection = "rejection"
     """Resample bid replies up to ``rl.max_bid_resamples`` times until a parsed one falls below
-    the runner-up's (the paper's); a fork whose tries all fail is dropped."""
+    the runner-up's (the paper's); a fork whose tries all fail is dropped. Unbiased, but after
+    SFT a peaked bid policy rarely falls below within 3 tries: most forks are lost."""
     below_runner_up = "below_runner_up"
     """[ours] Draw from the policy restricted to the levels below the runner-up's (the limit of
-    rejection sampling with unlimited tries): no fork is dropped."""
+    rejection sampling with unlimited tries) and keep every fork with weight 1. Biased against
+    the paper's 3 tries, which keep a step with probability 1 - (1 - q)^3 (q: the chance that
+    one resample falls below): steps where the policy is confident (small q) weigh ~1 / (3q)
+    times too much."""
+    weighted_below_runner_up = "weighted_below_runner_up"
+    """[ours] The default. Draw as ``below_runner_up`` (no fork is wasted) and weight the fork's
+    preference pair by 1 - (1 - q)^K, K = ``max_bid_resamples``, q the policy's mass on the
+    canonical replies of the levels below (at ``bid_resample_temperature``): the Bradley-Terry
+    loss then has the expectation of the paper's rejection sampling with K tries
+    (``algorithms/resampling.py``). q leaves out replies that parse below in another spelling,
+    which rejection would keep: a policy trained on canonical replies puts little mass there,
+    and such a reply is never a counterfactual bid here."""
 
     __str__ = str.__str__
 
@@ -221,7 +236,7 @@ class ModelConfig:
     a short plain template (``<role> bid: <observation> ->``) for models trained from scratch."""
     micro_batch_tokens: int = 4096
     """The most tokens (rows x longest row) one forward may see: it bounds peak memory. The
-    rollouts' scoring forwards (Graph-of-Agents, ``rl.bid_resample=below_runner_up``) use it;
+    rollouts' scoring forwards (Graph-of-Agents, the forks' draws below the runner-up) use it;
     ``rl.micro_batch_tokens`` and ``sft.micro_batch_tokens`` read it by default."""
     sft_epochs: int = 2
     """Epochs of the SFT cold start (PAPER.md: 2); read by the root config."""
@@ -325,9 +340,11 @@ class RLConfig:
     """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
     fork_steps: ForkSteps = ForkSteps.all
     """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
-    bid_resample: BidResampling = BidResampling.rejection
+    bid_resample: BidResampling = BidResampling.weighted_below_runner_up
     """[ours] how a fork redraws the winner's bid (:class:`BidResampling`)."""
     max_bid_resamples: int = 3
+    """Rejection tries per fork (paper: 3): ``rejection`` makes them, ``weighted_below_runner_up``
+    weighs each fork by the chance that they would have kept it."""
     bid_resample_temperature: float | None = None
     """[ours] sampling temperature of the winner's bid resamples in a fork (None: the model's).
     After SFT the bid policies are peaked, so at the model's temperature few resamples fall

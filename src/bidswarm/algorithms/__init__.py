@@ -1,4 +1,5 @@
-"""The pure math of MPT: the auction (Eq. 1), credit rules (Eq. 2) and losses (Eqs. 2-3)."""
+"""The pure math of MPT: the auction (Eq. 1), credit rules (Eq. 2), losses (Eqs. 2-3) and the
+fork's bid redraw (section 4)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from bidswarm.algorithms.losses import (
     fork_preference,
     reinforce_loss,
 )
+from bidswarm.algorithms.resampling import draw_below, rejection_keep_probability
 
 __all__ = [
     "CREDIT_RULES",
@@ -25,10 +27,12 @@ __all__ = [
     "Normalization",
     "bradley_terry_loss",
     "bucket_brigade_credit",
+    "draw_below",
     "episode_return_credit",
     "fork_preference",
     "random_bid_credit",
     "reinforce_loss",
+    "rejection_keep_probability",
     "reward_to_go_credit",
     "run_auction",
 ]

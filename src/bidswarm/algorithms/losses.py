@@ -85,22 +85,32 @@ def reinforce_loss(
 
 
 def bradley_terry_loss(
-    logp_winner: Tensor, logp_loser: Tensor, beta: float = 1.0, pairs: int | None = None
+    logp_winner: Tensor,
+    logp_loser: Tensor,
+    beta: float = 1.0,
+    weights: Tensor | None = None,
+    normalizer: float | None = None,
 ) -> dict[str, Tensor]:
     """Eq. 3 of MPT: Bradley–Terry preference loss on the winner's two bid replies.
 
-    loss = mean_p -log sigmoid(beta * (logp_w - logp_l)), with no reference model.
+    loss = sum_p w_p * -log sigmoid(beta * (logp_w - logp_l)) / sum_p w_p, with no reference
+    model: the weighted mean over pairs (with every w_p = 1, the paper's plain mean).
 
     Args:
         logp_winner: summed log-prob of the preferred bid reply's tokens, shape [P].
         logp_loser: summed log-prob of the other bid reply's tokens (same context), shape [P].
         beta: scale of the log-prob margin (default 1, as in the paper).
-        pairs: the pairs of the whole batch when these P are one micro-batch of it (None: P);
-            the micro-batches' losses then sum to the whole batch's.
+        weights: each pair's weight w_p >= 0, shape [P] (None: all 1); e.g. the chance that
+            rejection sampling would have kept the pair's fork
+            (:func:`~bidswarm.algorithms.resampling.rejection_keep_probability`). Data: no
+            gradient flows into them.
+        normalizer: the weight sum of the whole batch when these P pairs are one micro-batch of
+            it (its pair count when unweighted; None: the sum of ``weights``, or P); the
+            micro-batches' losses then sum to the whole batch's.
 
     Returns:
-        {"loss_bid": scalar, "preference_accuracy": fraction of pairs with logp_w > logp_l,
-        detached}.
+        {"loss_bid": scalar, "preference_accuracy": fraction of pairs with logp_w > logp_l
+        (unweighted), detached}.
     """
     if logp_winner.dim() != 1 or logp_winner.shape != logp_loser.shape:
         raise ValueError(
@@ -112,7 +122,25 @@ def bradley_terry_loss(
     if not (math.isfinite(beta) and beta > 0.0):
         raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
     margin = logp_winner - logp_loser
-    loss = -F.logsigmoid(beta * margin).sum() / (len(margin) if pairs is None else pairs)
+    pair_losses = -F.logsigmoid(beta * margin)
+    if weights is None:
+        total = pair_losses.sum()
+        weight_sum = float(len(margin))
+    else:
+        if weights.shape != margin.shape:
+            raise ValueError(
+                f"weights must have shape [P] = [{len(margin)}], got {tuple(weights.shape)}"
+            )
+        if not bool(torch.all(torch.isfinite(weights) & (weights >= 0))):
+            raise ValueError("weights must be finite and >= 0")
+        weights = weights.detach().to(pair_losses.dtype)
+        total = (weights * pair_losses).sum()
+        weight_sum = float(weights.sum())
+    if normalizer is not None:
+        weight_sum = normalizer
+    if not weight_sum > 0.0:
+        raise ValueError(f"the pairs' weight sum must be > 0, got {weight_sum!r}")
+    loss = total / weight_sum
     accuracy = (margin > 0).to(margin.dtype).mean().detach()
     return {"loss_bid": loss, "preference_accuracy": accuracy}
 

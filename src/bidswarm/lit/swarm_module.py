@@ -220,11 +220,14 @@ class SwarmModule(L.LightningModule):
         return total
 
     def bid_loss(self, batch: BidBatch, backward: Backward) -> torch.Tensor:
-        """Eq. 3 of MPT: Bradley-Terry of one agent over its preference pairs' bid tokens;
-        both replies of a pair share a forward; ``backward(agent, loss)`` per micro-batch of
-        pairs. Returns the batch's loss (detached)."""
+        """Eq. 3 of MPT: Bradley-Terry of one agent over its preference pairs' bid tokens, the
+        mean weighted by the pairs' weights over the whole batch (every micro-batch divides by
+        the batch's weight sum, so the micro-batches' losses and gradients add up to the whole
+        batch's); both replies of a pair share a forward; ``backward(agent, loss)`` per
+        micro-batch of pairs. Returns the batch's loss (detached)."""
         policy = self.population.agents[batch.agent]
-        pairs = len(batch.prompt_ids)
+        weights = torch.tensor(batch.weights, dtype=torch.float32, device=policy.device)
+        weight_sum = float(weights.sum())
         budget = self.rl.micro_batch_tokens
         total = torch.zeros((), device=policy.device)
         # A pair is two rows of one forward: half the budget per pair row.
@@ -234,7 +237,13 @@ class SwarmModule(L.LightningModule):
             logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)
             summed = (logp * mask).sum(dim=1)
             n = len(part)
-            terms = bradley_terry_loss(summed[:n], summed[n:], self.rl.bt_beta, pairs=pairs)
+            terms = bradley_terry_loss(
+                summed[:n],
+                summed[n:],
+                self.rl.bt_beta,
+                weights=weights[part.start : part.stop],
+                normalizer=weight_sum,
+            )
             backward(batch.agent, terms["loss_bid"])
             total = total + terms["loss_bid"].detach()
         return total

@@ -39,12 +39,14 @@ class ActionBatch:
 
 @dataclass(frozen=True)
 class BidBatch:
-    """One agent's preference pairs: two bid replies in the same context, preferred first."""
+    """One agent's preference pairs: two bid replies in the same context, preferred first, and
+    each pair's weight in the Bradley-Terry mean (:attr:`PreferencePair.weight`)."""
 
     agent: int
     prompt_ids: list[list[int]]
     preferred_ids: list[list[int]]
     rejected_ids: list[list[int]]
+    weights: list[float]
 
     @property
     def row_tokens(self) -> list[int]:
@@ -102,6 +104,7 @@ def preference_batches(pairs: list[PreferencePair]) -> list[BidBatch]:
             [p.prompt_ids for p in items],
             [p.preferred_ids for p in items],
             [p.rejected_ids for p in items],
+            [p.weight for p in items],
         )
         for agent, items in group_by(pairs, lambda pair: pair.agent)
     ]

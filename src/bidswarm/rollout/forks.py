@@ -3,6 +3,9 @@
 PAPER.md section 4: for a contested step, restore the world, resample the winner's bid until it
 falls below the runner-up's (so the runner-up acts), roll the branch out with the current
 policies, and prefer the bid whose branch earned more from that step on; ties are dropped.
+By default the bid is drawn below the runner-up's directly and the pair weighted by the chance
+that the paper's three tries would have kept the fork (``rl.bid_resample``): the same
+expectation as rejection sampling, without the forks it drops.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from bidswarm.algorithms.losses import fork_preference
+from bidswarm.algorithms.resampling import rejection_keep_probability
 from bidswarm.config import BidResampling, ForkSteps, RLConfig
 from bidswarm.envs.base import TextEnv
 from bidswarm.rollout.loop import RolloutLoop, group_by
@@ -29,11 +33,25 @@ class ForkStats:
     chosen: int = 0
     """Eligible steps drawn within the per-episode budget."""
     resampled_below: int = 0
-    """Chosen steps where a parsed resample fell below the runner-up: a branch was played."""
+    """Chosen steps where a parsed resample fell below the runner-up (or a bid was drawn below
+    it, with a weight > 0): a branch was played."""
     unparsed_resamples: int = 0
     """Resampled bid replies that did not parse (never used as a counterfactual bid)."""
     tied: int = 0
     pairs: int = 0
+    pair_weight: float = 0.0
+    """Sum of the pairs' weights (:attr:`PreferencePair.weight`; = ``pairs`` when unweighted)."""
+    effective_pairs: float = 0.0
+    """Kish's effective sample size of the weighted pairs, (sum w)^2 / sum w^2 (= ``pairs``
+    when unweighted): how many equally weighted pairs the bid update's loss is worth."""
+
+    def count_pairs(self, pairs: list[PreferencePair]) -> None:
+        """Fill in ``pairs``, ``pair_weight`` and ``effective_pairs`` from the kept pairs."""
+        weights = [pair.weight for pair in pairs]
+        squares = sum(w * w for w in weights)
+        self.pairs = len(pairs)
+        self.pair_weight = sum(weights)
+        self.effective_pairs = self.pair_weight**2 / squares if squares > 0 else 0.0
 
     def as_metrics(self) -> dict[str, float]:
         return {f"forks/{name}": float(value) for name, value in vars(self).items()}
@@ -58,6 +76,8 @@ def forkable_steps(episode: Episode, fork_steps: ForkSteps) -> list[StepRecord]:
     [ours]: only those at or before the episode's last rewarded decision (all of them when the
     episode earned nothing). After the last reward the recorded branch scores 0, and a single
     change of actor there rarely earns anything either: most such forks tie and are dropped.
+    Biased: the choice reads the recorded branch's own outcome; rewards being >= 0, the forks
+    it leaves out could only tie or prefer the lower bid, so the pairs lean toward the high one.
     """
     contested = [s for s in episode.steps if s.contested and s.snapshot is not None]
     rewarded = [s.index for s in episode.steps if s.reward != 0.0]
@@ -79,8 +99,9 @@ def fork_pairs(
     For each chosen contested step (``rl.fork_budget`` per episode, drawn uniformly among the
     steps :func:`forkable_steps` allows): restore the world, redraw the winner's bid below the
     runner-up's (``rl.bid_resample``: up to ``rl.max_bid_resamples`` parsed-or-not resamples,
-    or a draw restricted to the levels below), let the runner-up act, roll the branch out with
-    the current policies and compare the reward from that step on with the recorded episode's.
+    or a draw restricted to the levels below, weighted or not by the chance that those
+    resamples would have kept the fork), let the runner-up act, roll the branch out with the
+    current policies and compare the reward from that step on with the recorded episode's.
     Ties and failed resamples are dropped; every stage is counted in the returned
     :class:`ForkStats`. ``examples``, when given, receives every played fork
     (:class:`ForkExample`, for transcripts).
@@ -102,8 +123,9 @@ def fork_pairs(
     steps = [step for _, step in chosen]
     if rl.bid_resample == BidResampling.rejection:
         resampled = _resample_bids(loop, envs, steps, rl, generator, stats)
+        weights = [1.0] * len(steps)
     else:
-        resampled = _draw_bids_below(loop, envs, steps, rl, generator)
+        resampled, weights = _draw_bids_below(loop, envs, steps, rl, generator)
     kept = [k for k, reply in enumerate(resampled) if reply is not None]
     stats.resampled_below = len(kept)
     if not kept:
@@ -123,9 +145,11 @@ def fork_pairs(
             continue
         better, worse = (original, counterfactual) if preference > 0 else (counterfactual, original)
         pairs.append(
-            PreferencePair(step.actor, original.prompt_ids, better.reply_ids, worse.reply_ids)
+            PreferencePair(
+                step.actor, original.prompt_ids, better.reply_ids, worse.reply_ids, weights[k]
+            )
         )
-    stats.pairs = len(pairs)
+    stats.count_pairs(pairs)
     return pairs, stats
 
 
@@ -135,20 +159,31 @@ def _draw_bids_below(
     steps: list[StepRecord],
     rl: RLConfig,
     generator: torch.Generator,
-) -> list[Reply | None]:
-    """Per fork, the winner's bid drawn among the levels below the runner-up's."""
+) -> tuple[list[Reply | None], list[float]]:
+    """Per fork, the winner's bid drawn among the levels below the runner-up's
+    (:meth:`Swarm.bid_below`), and the fork's weight: 1 for ``below_runner_up``; for
+    ``weighted_below_runner_up`` the chance 1 - (1 - q)^K that K = ``rl.max_bid_resamples``
+    rejection tries would have kept the fork, q the policy's mass on the canonical replies of
+    the levels below (at ``rl.bid_resample_temperature``). Given that a try succeeds, its bid is
+    distributed as the draw, so the weighted forks have the expectation of the forks rejection
+    sampling keeps (:mod:`bidswarm.algorithms.resampling`). A fork whose weight underflows to 0
+    would never be kept: it is not played (None)."""
     found: list[Reply | None] = [None] * len(steps)
+    weights = [1.0] * len(steps)
+    weighted = rl.bid_resample == BidResampling.weighted_below_runner_up
     for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
-        drawn = loop.swarm.bid_below(
+        drawn, masses = loop.swarm.bid_below(
             agent,
             [envs[k] for k in ks],
             [steps[k].decision.runner_up_bid for k in ks],
             generator,
             rl.bid_resample_temperature,
         )
-        for k, reply in zip(ks, drawn, strict=True):
-            found[k] = reply
-    return found
+        for k, reply, mass in zip(ks, drawn, masses, strict=True):
+            if weighted:
+                weights[k] = rejection_keep_probability(mass, rl.max_bid_resamples)
+            found[k] = reply if weights[k] > 0.0 else None
+    return found, weights
 
 
 def _resample_bids(

@@ -91,3 +91,6 @@ class PreferencePair:
     prompt_ids: list[int]
     preferred_ids: list[int]
     rejected_ids: list[int]
+    weight: float = 1.0
+    """The pair's weight in the Bradley-Terry mean (Eq. 3): the chance that the paper's rejection
+    sampling would have kept its fork (``rl.bid_resample=weighted_below_runner_up``), else 1."""

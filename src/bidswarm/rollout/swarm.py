@@ -21,6 +21,7 @@ from bidswarm.agents.policy import (
 )
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
+from bidswarm.algorithms.resampling import draw_below
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import format_bid
 from bidswarm.rollout.records import Bid, Reply
@@ -175,12 +176,19 @@ class Swarm:
         ceilings: list[float],
         generator: torch.Generator,
         temperature: float | None = None,
-    ) -> list[Reply]:
+    ) -> tuple[list[Reply], list[float]]:
         """``agent``'s bid in each env drawn from its policy restricted to the well-formed levels
-        below ``ceilings[k]`` (each > the lowest level): P(level) is proportional to
-        pi(level reply | bid prompt) ** (1 / temperature). This is what rejection sampling of
-        bids "until one falls below" converges to with unlimited tries, without malformed
-        replies. The candidate replies are scored in one batch, counted as rollout tokens."""
+        below ``ceilings[k]`` (each > the lowest level), and the policy's mass q on them.
+
+        pi_T(reply) is the chance that :meth:`bid` at ``temperature`` (None: the swarm's)
+        samples exactly the canonical reply of a level (``format_bid``, token by token at that
+        temperature). The draw has P(level) = pi_T(level reply) / q with
+        q = sum of pi_T over the levels below (:func:`draw_below`): what rejection sampling of
+        bids "until one falls below" keeps, with unlimited tries, when only canonical replies
+        count. q is the chance that one such resample succeeds; it leaves out replies that are
+        not a canonical level string (malformed ones, and those that parse to a level below in
+        another spelling). The candidate replies are scored in one batch, counted as rollout
+        tokens."""
         role = self.role(agent)
         policy = self.bid_population.agents[agent]
         prompts = policy.encode_prompts(
@@ -196,17 +204,18 @@ class Swarm:
         rows = [(k, level) for k, levels in enumerate(candidates) for level in levels]
         prompt_ids = [prompts[k] for k, _ in rows]
         reply_ids = [replies[level] for _, level in rows]
-        sums, _ = policy.sequence_logprobs(prompt_ids, reply_ids, token_budget=self.token_budget)
+        logprobs, _ = policy.sequence_logprobs(
+            prompt_ids, reply_ids, temperature or self.temperature, self.token_budget
+        )
         self._count_rollout(agent, _tokens(prompt_ids, reply_ids))
-        scores = sums / (temperature or self.temperature)
-        drawn, start = [], 0
+        drawn, masses, start = [], [], 0
         for k, levels in enumerate(candidates):
-            weights = torch.softmax(scores[start : start + len(levels)], dim=0)
-            choice = int(torch.multinomial(weights, 1, generator=generator))
+            choice, mass = draw_below(logprobs[start : start + len(levels)], generator)
             level = levels[choice]
             drawn.append(Reply(agent, prompts[k], replies[level], format_bid(level)))
+            masses.append(mass)
             start += len(levels)
-        return drawn
+        return drawn, masses
 
     def act(self, agent: int, envs: list[TextEnv], generator: torch.Generator) -> list[Reply]:
         """``agent``'s action reply in each env."""

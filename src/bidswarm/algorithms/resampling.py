@@ -1,0 +1,52 @@
+"""Redrawing the winner's bid in a fork (PAPER.md section 4): a draw below the runner-up's bid,
+and the weight that gives such draws the expectation of the paper's rejection sampling.
+
+The paper resamples the winner's bid up to K = 3 times until it falls below the runner-up's and
+drops the step when every try fails. With q the chance that one resample lands below, a step is
+kept with probability 1 - (1 - q)^K, and a kept bid is distributed as the policy restricted to
+the levels below. Drawing from that restricted policy directly and weighting the fork by
+1 - (1 - q)^K gives every sum over forks the same expectation, while no fork is wasted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def draw_below(logprobs: Tensor, generator: torch.Generator | None = None) -> tuple[int, float]:
+    """One candidate reply drawn from the policy restricted to the candidates, and their mass.
+
+    Args:
+        logprobs: log-probability of each candidate bid reply (the levels below the runner-up's)
+            under the sampling policy, at its sampling temperature, shape [C] with C >= 1.
+        generator: the random stream of the draw.
+
+    Returns:
+        (index of the drawn candidate, q = sum_c exp(logprobs_c) in [0, 1]): the draw has
+        P(c) = exp(logprobs_c) / q; q is the chance that one sample of the policy is one of the
+        candidates (computed in float64 and capped at 1 against rounding).
+    """
+    if logprobs.dim() != 1 or logprobs.shape[0] == 0:
+        raise ValueError(f"logprobs must have shape [C] with C >= 1, got {tuple(logprobs.shape)}")
+    weights = torch.softmax(logprobs, dim=0)
+    choice = int(torch.multinomial(weights, 1, generator=generator))
+    mass = float(torch.logsumexp(logprobs.detach().double(), dim=0).exp())
+    return choice, min(mass, 1.0)
+
+
+def rejection_keep_probability(q: float, tries: int) -> float:
+    """1 - (1 - q)^tries: the chance that rejection sampling with ``tries`` independent tries,
+    each a success with probability ``q``, succeeds (PAPER.md section 4: 3 tries). As the weight
+    of a fork drawn below the runner-up (:func:`draw_below`) it makes the weighted forks an
+    unbiased stand-in for the forks rejection sampling keeps. Accurate for tiny ``q`` too
+    (about ``tries * q``)."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be a probability in [0, 1], got {q!r}")
+    if tries < 1:
+        raise ValueError(f"tries must be >= 1, got {tries!r}")
+    if q == 1.0:
+        return 1.0
+    return -math.expm1(tries * math.log1p(-q))
