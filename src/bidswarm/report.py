@@ -18,8 +18,9 @@ participation at fixed decisions, reward vs training FLOPs, participation per ro
 Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
 held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
 evaluation runs, with each world's pass@k in ``heldout/eval_pass_at_<k>_worlds.json``). A
-strategy's mean, SE and 95% t interval are over its (training seed, world) cells; every
-strategy is compared with the reference strategy (``--reference``, default the MPT defaults)
+strategy's mean, SE and 95% interval are over its (training seed, world) cells by a two-way
+cluster bootstrap over training seeds and worlds (a strategy of one training seed: a t interval
+over its worlds, labelled as not counting training-seed variation); every strategy is compared with the reference strategy (``--reference``, default the MPT defaults)
 by the paired difference over the (training seed, world) cells both hold, with a two-way
 cluster bootstrap interval over training seeds and worlds
 (:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
@@ -91,7 +92,8 @@ class RunResult:
 
 @dataclass
 class StrategyRow:
-    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)."""
+    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)
+    from ``seeds`` training seeds (:func:`summarize`)."""
 
     strategy: str
     mean: float
@@ -104,6 +106,17 @@ class StrategyRow:
     unit: str = "runs"
     cells: dict[tuple[object, int], float] = field(default_factory=dict)
     """(training seed, world) -> mean reward, for pairing (empty: no per-world rewards)."""
+    seeds: int = 1
+    """Training seeds the runs came from (a run of unknown seed counts as one of its own)."""
+
+    @property
+    def counts_seeds(self) -> bool:
+        """Whether SE and CI include training-seed variation (two seeds or more)."""
+        return self.seeds >= 2
+
+
+ONE_SEED = "1 seed: SE over worlds, training-seed variation not counted"
+"""The note of a strategy with a single training seed, whose SE and CI are over worlds only."""
 
 
 @dataclass
@@ -362,6 +375,17 @@ def pass_interval(results: list[RunResult], k: int) -> str:
     return f"{100 * summary.ci_low:.1f}% .. {100 * summary.ci_high:.1f}%"
 
 
+def pass_summary(results: list[RunResult], k: int) -> statistics.Summary | None:
+    """pass@k of a strategy: over its (training seed, world) cells (:func:`cell_summary`) when
+    every run logged per-world pass@k, else the t interval over its runs' means (one training
+    seed each); None when no run logged pass@k."""
+    cells = pass_cells(results, k)
+    if cells is not None:
+        return cell_summary(cells)[0]
+    values = [r.outcomes[f"pass_at_{k}/mean"] for r in results if f"pass_at_{k}/mean" in r.outcomes]
+    return statistics.summarize(values) if values else None
+
+
 def pass_cells(results: list[RunResult], k: int) -> dict[tuple[object, int], float] | None:
     """(training seed, world) -> pass@k (:func:`strategy_cells`); None when a run logged no
     per-world pass@k."""
@@ -398,26 +422,43 @@ def pass_difference(results: list[RunResult], reference: list[RunResult], k: int
     return f"{100 * d.mean:+.1f} ({100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f})"
 
 
+def seed_cluster(result: RunResult) -> object:
+    """The training seed of a run; a run of unknown seed is its own cluster, ``run <id>``."""
+    return f"run {result.run_id}" if result.training_seed is None else result.training_seed
+
+
 def strategy_cells(
     results: list[RunResult],
     per_world: Callable[[RunResult], dict[int, float] | None] = lambda r: r.world_rewards,
 ) -> dict[tuple[object, int], float]:
     """(training seed, world) -> mean over the strategy's runs of that seed of ``per_world``
-    (by default the held-out reward; a run of unknown seed is its own cluster, ``run <id>``,
-    which pairs with nothing)."""
+    (by default the held-out reward; a run of unknown seed is its own cluster
+    (:func:`seed_cluster`), which pairs with nothing)."""
     values: dict[tuple[object, int], list[float]] = {}
     for result in results:
-        cluster = result.training_seed
-        if cluster is None:
-            cluster = f"run {result.run_id}"
+        cluster = seed_cluster(result)
         for world, reward in (per_world(result) or {}).items():
             values.setdefault((cluster, world), []).append(reward)
     return {key: sum(v) / len(v) for key, v in values.items()}
 
 
+def cell_summary(cells: dict[tuple[object, int], float]) -> tuple[statistics.Summary, int]:
+    """Mean, SE and 95% CI of a strategy's (training seed, world) cells, and how many training
+    seeds they hold. Two seeds or more: the two-way cluster bootstrap over training seeds and
+    worlds (:func:`bidswarm.statistics.clustered_summary`; cells that share a seed are not
+    independent). One seed: the t interval over its worlds, which cannot count the variation
+    between training seeds (:data:`ONE_SEED`)."""
+    seeds = len({seed for seed, _ in cells})
+    if seeds >= 2:
+        return statistics.clustered_summary(cells), seeds
+    return statistics.summarize(list(cells.values())), seeds
+
+
 def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
-    """Mean, SE and 95% CI per strategy over its (training seed, world) cells when every run
-    logged per-world rewards; else over its runs' means (one run: its own SE, no CI)."""
+    """Mean, SE and 95% CI per strategy. When every run logged per-world rewards: over its
+    (training seed, world) cells (:func:`cell_summary`: two-way cluster bootstrap over seeds
+    and worlds; one seed: over worlds only). Else over its runs' means (t interval; each run is
+    one training seed; one run: its own SE over worlds, no CI)."""
     rows = []
     for strategy, results in groups.items():
         scored = [r for r in results if r.heldout_mean is not None]
@@ -427,9 +468,10 @@ def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
         row = StrategyRow(
             strategy, 0.0, 0.0, len(scored), sum(flops) / len(flops) if flops else None
         )
+        row.seeds = len(scored)  # runs without per-world rewards: one training seed each
         if all(r.world_rewards for r in scored):
             row.cells = strategy_cells(scored)
-            s = statistics.summarize(list(row.cells.values()))
+            s, row.seeds = cell_summary(row.cells)
             row.unit = "cells"
         elif len(scored) == 1:
             row.mean, row.se = scored[0].heldout_mean, scored[0].heldout_se or 0.0
@@ -442,12 +484,26 @@ def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
     return sorted(rows, key=lambda row: row.mean, reverse=True)
 
 
+def interval_basis(row: StrategyRow) -> str:
+    """What a row's SE and CI are over: ``3 seeds, 90 cells``, ``5 runs``; a row of one
+    training seed says so (``1 seed, 30 worlds¹``, ``1 run¹``: footnote :data:`ONE_SEED`)."""
+    if row.ci_low is None:
+        return "1 run¹"
+    if row.unit == "runs":
+        return f"{row.n} runs"
+    if not row.counts_seeds:
+        return f"1 seed, {row.n} worlds¹"
+    return f"{row.seeds} seeds, {row.n} cells"
+
+
 def markdown_table(rows: list[StrategyRow]) -> str:
-    """Mean ± SE, 95% CI and what they are over (cells or runs), runs, FLOPs, gap to the best."""
+    """Mean ± SE, 95% CI and what they are over (seeds and cells, or runs), runs, FLOPs, gap
+    to the best; a footnote marks the rows whose interval cannot count training seeds."""
     lines = [
-        "Held-out reward per strategy: mean ± SE and 95% t interval over its (training seed, "
-        "world) cells, each the mean of that world's runs (over runs' means for runs that "
-        "logged no per-world rewards).",
+        "Held-out reward per strategy: mean ± SE and 95% CI over its (training seed, world) "
+        "cells, each the mean of that world's runs, by a two-way cluster bootstrap over "
+        "training seeds and worlds (runs that logged no per-world rewards: t interval over the "
+        "runs' means, one training seed each).",
         "",
         "| strategy | held-out reward (mean ± SE) | 95% CI | over | runs | training FLOPs "
         "| vs best |",
@@ -458,11 +514,12 @@ def markdown_table(rows: list[StrategyRow]) -> str:
         flops = f"{row.training_flops:.3g}" if row.training_flops is not None else "n/a"
         gap = "best" if row is rows[0] else f"{row.mean - best:+.2f}"
         ci = "n/a" if row.ci_low is None else f"{row.ci_low:.2f} .. {row.ci_high:.2f}"
-        over = f"{row.n} {row.unit}" if row.ci_low is not None else "1 run (its SE)"
         lines.append(
-            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {over} | {row.runs} "
-            f"| {flops} | {gap} |"
+            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {interval_basis(row)} "
+            f"| {row.runs} | {flops} | {gap} |"
         )
+    if any(not row.counts_seeds for row in rows):
+        lines += ["", f"¹ {ONE_SEED}."]
     return "\n".join(lines)
 
 
@@ -520,13 +577,13 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     same (training seed, world) cells (empty when no run measured both)."""
     lines = [
         "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
-        "SFT, paired on the same (training seed, world) cells; 95% CI by the two-way cluster "
-        "bootstrap.",
+        "SFT, paired on the same (training seed, world) cells; each mean and the difference "
+        "with its 95% CI by the two-way cluster bootstrap over training seeds and worlds.",
         "",
-        "| strategy | after SFT | after RL | RL − SFT | 95% CI | verdict |",
+        "| strategy | after SFT (95% CI) | after RL (95% CI) | RL − SFT | 95% CI | verdict |",
         "|---|---|---|---|---|---|",
     ]
-    found = False
+    found = one_seed = False
     for strategy, results in groups.items():
         both = [r for r in results if r.world_rewards and r.before_world_rewards]
         if not both:
@@ -548,11 +605,16 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
             ]
         )
         d = statistics.paired_difference(after, before, "after RL", "after SFT")
+        (sft, seeds), (rl, _) = cell_summary(before), cell_summary(after)
+        one_seed = one_seed or seeds < 2
+        mark = "¹" if seeds < 2 else ""
         lines.append(
-            f"| {strategy} | {statistics.summarize(list(before.values())).mean:.2f} "
-            f"| {statistics.summarize(list(after.values())).mean:.2f} | {d.mean:+.2f} "
+            f"| {strategy} | {sft.mean:.2f} ({sft.ci_low:.2f} .. {sft.ci_high:.2f}){mark} "
+            f"| {rl.mean:.2f} ({rl.ci_low:.2f} .. {rl.ci_high:.2f}){mark} | {d.mean:+.2f} "
             f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.verdict} |"
         )
+    if one_seed:
+        lines += ["", f"¹ {ONE_SEED}."]
     return "\n".join(lines) if found else ""
 
 
@@ -586,7 +648,10 @@ def participation_table(groups: dict[str, list[RunResult]]) -> str:
 
 
 def verdict(rows: list[StrategyRow]) -> str:
-    """One sentence: who wins and by how much (and whether the SEs overlap)."""
+    """One sentence: who has the highest mean, by how much over the second, and whether that
+    is told apart: by their paired difference on the (training seed, world) cells both hold
+    (two-way cluster bootstrap) when they share cells, else by whether their 95% intervals
+    overlap; a comparison that rests on one training seed says so."""
     if not rows:
         return "No run holds a held-out result yet."
     if len(rows) == 1:
@@ -594,8 +659,22 @@ def verdict(rows: list[StrategyRow]) -> str:
     first, second = rows[0], rows[1]
     gap = first.mean - second.mean
     relative = f" ({100 * gap / abs(second.mean):+.0f}%)" if second.mean else ""
-    overlap = abs(gap) <= first.se + second.se
-    note = "within one SE of each other" if overlap else "separated by more than their SEs"
+    shared = first.cells.keys() & second.cells.keys()
+    note, one_seed = "no interval to tell them apart (a run without per-world rewards)", False
+    if shared:
+        d = statistics.paired_difference(first.cells, second.cells, first.strategy, second.strategy)
+        seeds = len({seed for seed, _ in shared})
+        note = (
+            f"paired on {d.n} (training seed, world) cells: {d.mean:+.2f} (95% CI "
+            f"{d.ci_low:+.2f} .. {d.ci_high:+.2f}), {d.verdict}"
+        )
+        one_seed = seeds < 2
+    elif first.ci_low is not None and second.ci_low is not None:
+        apart = first.ci_low > second.ci_high or second.ci_low > first.ci_high
+        note = "their 95% intervals do not overlap" if apart else "their 95% intervals overlap"
+        one_seed = not (first.counts_seeds and second.counts_seeds)
+    if one_seed:
+        note += f" ({ONE_SEED})"
     return (
         f"Best: **{first.strategy}** {first.mean:.2f} ± {first.se:.2f}, {gap:+.2f}{relative} "
         f"over {second.strategy} ({second.mean:.2f} ± {second.se:.2f}); {note}."
@@ -819,10 +898,11 @@ def as_number(text: str | None) -> float | None:
 def plot_outcomes(
     rows: list[StrategyRow], groups: dict[str, list[RunResult]], path: Path
 ) -> Path | None:
-    """Held-out reward (mean, 95% CI) and, when evaluations logged it, the highest pass@k
-    (mean ± SE over training runs) against the numeric override the strategies sweep
-    (population size, dropout p), a line per series (e.g. per coordination rule). None when
-    the strategies sweep no number."""
+    """Held-out reward (mean, 95% CI of :func:`summarize`) and, when evaluations logged it, the
+    highest pass@k (mean, 95% CI of :func:`pass_summary`) against the numeric override the
+    strategies sweep (population size, dropout p), a line per series (e.g. per coordination
+    rule); hollow markers: one training seed (intervals over worlds only). None when the
+    strategies sweep no number."""
     swept = swept_setting([row.strategy for row in rows])
     if swept is None:
         return None
@@ -843,27 +923,31 @@ def plot_outcomes(
         high = [
             (row.ci_high if row.ci_high is not None else row.mean) - row.mean for _, row in chosen
         ]
-        axes[0].errorbar(xs, means, yerr=[low, high], marker="o", ms=4, capsize=3, label=series)
+        (line, _, _) = axes[0].errorbar(
+            xs, means, yerr=[low, high], marker="o", ms=4, capsize=3, label=series
+        )
+        one_seed = [(x, row.mean) for x, row in chosen if not row.counts_seeds]
+        if one_seed:
+            axes[0].plot(*zip(*one_seed, strict=True), "o", ms=7, mfc="white", c=line.get_color())
         if pass_key:
-            shares = []
-            for _, row in chosen:
-                values = [
-                    r.outcomes[pass_key] for r in groups[row.strategy] if pass_key in r.outcomes
-                ]
-                shares.append(statistics.summarize(values) if values else None)
+            shares = [pass_summary(groups[row.strategy], ks[-1]) for _, row in chosen]
             shown = [(x, s) for x, s in zip(xs, shares, strict=True) if s is not None]
             axes[1].errorbar(
                 [x for x, _ in shown],
                 [100 * s.mean for _, s in shown],
-                yerr=[100 * s.se for _, s in shown],
+                yerr=[
+                    [100 * (s.mean - s.ci_low) for _, s in shown],
+                    [100 * (s.ci_high - s.mean) for _, s in shown],
+                ],
                 marker="o",
                 ms=4,
                 capsize=3,
                 label=series,
             )
     axes[0].set_ylabel("held-out reward (mean, 95% CI)")
+    axes[0].set_title("95% CI over training seeds × worlds (hollow: 1 seed)", fontsize=9)
     if pass_key:
-        axes[1].set_ylabel(f"pass@{max(ks)} of task success, % (mean ± SE over runs)")
+        axes[1].set_ylabel(f"pass@{max(ks)} of task success, % (mean, 95% CI)")
         axes[1].set_ylim(0, 100)
     for ax in axes:
         ax.set_xlabel(key)
