@@ -20,11 +20,12 @@ held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worl
 evaluation runs, with each world's pass@k in ``heldout/eval_pass_at_<k>_worlds.json``). A
 strategy's mean, SE and 95% interval are over its (training seed, world) cells by a two-way
 cluster bootstrap over training seeds and worlds (a strategy of one training seed: a t interval
-over its worlds, labelled as not counting training-seed variation); every strategy is compared with the reference strategy (``--reference``, default the MPT defaults)
-by the paired difference over the (training seed, world) cells both hold, with a two-way
-cluster bootstrap interval over training seeds and worlds
-(:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
-fall back to statistics over their run-level means and are left out of the pairing.
+over its worlds, labelled as not counting training-seed variation); every strategy is compared
+with the reference strategy (``--reference``, default the MPT defaults) by the paired difference
+over the (training seed, world) cells both hold, with a two-way cluster bootstrap interval over
+training seeds and worlds (:func:`bidswarm.statistics.paired_difference`). Runs logged before
+per-world rewards existed fall back to statistics over their run-level means and are left out
+of the pairing.
 """
 
 from __future__ import annotations
