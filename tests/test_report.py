@@ -530,3 +530,60 @@ def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path
     groups = report.group_by_strategy(runs)
     drawn = report.plot_reward_vs_flops(groups, tmp_path / "curve.png")
     assert drawn is not None and drawn.stat().st_size > 0
+
+
+def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("credit", str(tmp_path / "artifacts"))
+    # After SFT every winning bid is the experts' 0.8; after RL the miner spreads out.
+    for seed, miner_low in ((0, 0.2), (1, 0.4)):
+        run_id = log_training_run(client, experiment_id, f"seed={seed}", [1.0, 2.0])
+        for key, value in (
+            ("eval_before/bids/winning/logger/0.8", 1.0),
+            ("eval_before/bids/winning/logger/0.4", 0.0),
+            ("eval_before/bids/winning/logger/mean", 0.8),
+            ("eval_before/bids/winning/miner/0.8", 1.0),
+            ("eval_before/bids/winning/miner/0.4", 0.0),
+            ("eval_before/bids/winning/miner/mean", 0.8),
+            ("eval_after/bids/winning/logger/0.8", 1.0),
+            ("eval_after/bids/winning/logger/0.4", 0.0),
+            ("eval_after/bids/winning/logger/mean", 0.8),
+            ("eval_after/bids/winning/miner/0.8", 1.0 - miner_low),
+            ("eval_after/bids/winning/miner/0.4", miner_low),
+            ("eval_after/bids/winning/miner/mean", 0.8 - 0.4 * miner_low),
+        ):
+            client.log_metric(run_id, key, value)
+    # a rule without bids logs none: no row, whatever it did
+    log_training_run(client, experiment_id, "ablation=round_robin,seed=0", [1.0, 2.0])
+    evaluation = client.create_run(
+        experiment_id, run_name="eval bids_from=sft", tags={"bidswarm.kind": "evaluate"}
+    )
+    client.log_metric(evaluation.info.run_id, "eval/reward/mean", 1.0)
+    client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/0.8", 0.5)
+    client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/0.4", 0.5)
+    client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/mean", 0.6)
+
+    runs = [report.read_run(client, r) for r in report.find_runs(client, None, "credit")]
+    trained_run = next(r for r in runs if r.strategy == report.DEFAULT_STRATEGY)
+    assert trained_run.winning_bids["before"]["miner"] == {"0.8": 1.0, "0.4": 0.0, "mean": 0.8}
+    assert set(trained_run.winning_bids) == {"before", "after"}
+    groups = report.group_by_strategy(runs)
+    table = report.winning_bid_table(groups)
+    assert "| strategy | role | 0.4 | 0.8 | mean bid | runs |" in table
+    # miner after RL: mean over the two runs of 0.2 and 0.4 at 0.4 -> 30%
+    assert "| mpt (defaults) | miner | 0% → 30% | 100% → 70% | 0.80 → 0.68 | 2 |" in table
+    assert "| mpt (defaults) | logger | 0% → 0% | 100% → 100% | 0.80 → 0.80 | 2 |" in table
+    assert "| bids_from=sft | smith | 50% | 50% | 0.60 | 1 |" in table
+    assert "round_robin" not in table
+
+    text = report.write_report(client, None, "credit", tmp_path / "out")
+    assert table in text
+    assert "winning_bids.png" in report.FIGURES
+    assert f"![{report.FIGURES['winning_bids.png']}](winning_bids.png)" in text
+    assert (tmp_path / "out" / "winning_bids.png").stat().st_size > 0
+    # without winning bids: neither table nor figure
+    without = report.group_by_strategy([r for r in runs if not r.winning_bids])
+    assert report.winning_bid_table(without) == ""
+    assert report.plot_winning_bids(without, tmp_path / "none.png") is None

@@ -13,6 +13,9 @@ UPDATE_IS_BID = "update_is_bid"
 BOOKKEEPING = (UPDATE, UPDATE_IS_BID)
 """Kept in the run's history (plots, progress bar, checkpoints), never logged: the update is
 the MLflow step of every RL metric, and ``time/update_bid_s`` says which kind it was."""
+WINNING_BIDS = "bids/winning"
+"""``bids/winning/<role>/<level>``: share of the role's acting steps won at that bid level;
+``bids/winning/<role>/mean``: the role's mean winning bid (rules that record winning bids)."""
 EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"

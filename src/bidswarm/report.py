@@ -12,8 +12,8 @@ runs give their held-out result after RL (``eval_after/...``) and their training
 evaluation runs (``python -m bidswarm.evaluate``) give ``eval/...`` and borrow the training FLOPs
 of the run they evaluated. Writes ``report.md`` and the figures that have data
 (:data:`FIGURES`: the outcomes against a swept number such as ``replicas`` or ``dropout``,
-participation at fixed decisions, reward vs training FLOPs, participation per role) into
-``--out`` and prints the tables.
+participation at fixed decisions, reward vs training FLOPs, participation per role, winning
+bids per role) into ``--out`` and prints the tables.
 
 Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
 held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
@@ -49,6 +49,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from bidswarm import metric_names as names
 from bidswarm import statistics, tracking
 
 POOLED_KEYS = (
@@ -89,6 +90,10 @@ class RunResult:
     heldout_curve: dict[str, tuple[float, float]] = field(default_factory=dict)
     """A training run's held-out mean reward along training: ``before``, ``update <u>``
     (``eval.every``), ``after`` -> (RL training FLOPs so far, reward) (:func:`heldout_curve`)."""
+    winning_bids: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """``before`` / ``after`` RL (training runs) or ``eval`` (evaluation runs) -> role -> bid
+    level (``0.8``) or ``mean`` -> that held-out ``bids/winning/<role>/<level>`` (empty: the
+    rule records no winning bids)."""
 
 
 @dataclass
@@ -232,6 +237,18 @@ def folder_seed(run_dir: str | None) -> int | None:
     return OmegaConf.load(config).get("seed")
 
 
+def winning_bids_of(metrics: dict[str, float], evaluation: str) -> dict[str, dict[str, float]]:
+    """Role -> level (or ``mean``) -> value of the ``<evaluation>/bids/winning/<role>/<level>``
+    metrics (:func:`bidswarm.rollout.metrics.winning_bid_metrics`)."""
+    prefix = f"{evaluation}/{names.WINNING_BIDS}/"
+    found: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        if key.startswith(prefix):
+            role, level = key.removeprefix(prefix).split("/")
+            found.setdefault(role, {})[level] = value
+    return found
+
+
 def read_run(client: MlflowClient, run: Run) -> RunResult:
     metrics = run.data.metrics
     strategy = strategy_of(run.info.run_name or "")
@@ -269,6 +286,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             world_rewards=read_world_rewards(client, run.info.run_id, "eval"),
             outcomes=outcomes,
             world_pass_at_k={k: v for k, v in world_pass_at_k.items() if v is not None},
+            winning_bids={"eval": bids} if (bids := winning_bids_of(metrics, "eval")) else {},
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
@@ -299,6 +317,11 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
         participation=participation,
         heldout_curve=heldout_curve(client, run.info.run_id, metrics),
+        winning_bids={
+            when: bids
+            for when in ("before", "after")
+            if (bids := winning_bids_of(metrics, f"eval_{when}"))
+        },
     )
 
 
@@ -648,6 +671,105 @@ def participation_table(groups: dict[str, list[RunResult]]) -> str:
     return "\n".join(header + rows)
 
 
+WINNING_BID_PHASES = {"before": "after SFT", "after": "after RL", "eval": "evaluation"}
+"""The held-out evaluations whose winning bids the report shows, in order, with their labels."""
+
+
+def winning_bid_shares(
+    results: list[RunResult],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Phase (:data:`WINNING_BID_PHASES`) -> role -> level (or ``mean``) -> the mean over the
+    runs in which the role acted of their held-out ``bids/winning/<role>/<level>``."""
+    shares: dict[str, dict[str, dict[str, float]]] = {}
+    for phase in WINNING_BID_PHASES:
+        measured = [r.winning_bids[phase] for r in results if phase in r.winning_bids]
+        for role in sorted({role for bids in measured for role in bids}):
+            acted = [bids[role] for bids in measured if role in bids]
+            levels = {level for bids in acted for level in bids}
+            shares.setdefault(phase, {})[role] = {
+                level: sum(bids.get(level, 0.0) for bids in acted) / len(acted) for level in levels
+            }
+    return shares
+
+
+def bid_levels_of(shares: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """The bid levels (``0.2`` ... ``0.8``) in ``shares``, ascending."""
+    levels = {level for roles in shares.values() for bids in roles.values() for level in bids}
+    return sorted(levels - {"mean"}, key=float)
+
+
+def winning_bid_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy and role, the held-out share of the role's acting steps won at
+    each bid level and the mean winning bid, after SFT → after RL (or of an evaluation run),
+    mean over runs; empty when no run's rule records winning bids."""
+    shares = {strategy: winning_bid_shares(results) for strategy, results in groups.items()}
+    shares = {strategy: found for strategy, found in shares.items() if found}
+    if not shares:
+        return ""
+    levels = sorted({lv for found in shares.values() for lv in bid_levels_of(found)}, key=float)
+    lines = [
+        "Winning bids on the held-out worlds: per role, the share of its acting steps won at "
+        "each bid level and the mean winning bid (the bids bucket-brigade credit, Eq. 2, passes "
+        "upstream), after SFT → after RL, mean over the runs in which the role acted. Rules "
+        "without bids record none and have no row.",
+        "",
+        "| strategy | role | " + " | ".join(levels) + " | mean bid | runs |",
+        "|" + "---|" * (len(levels) + 4),
+    ]
+    for strategy, found in shares.items():
+        phases = [phase for phase in WINNING_BID_PHASES if phase in found]
+        runs = sum(any(p in r.winning_bids for p in phases) for r in groups[strategy])
+        for role in sorted({role for phase in phases for role in found[phase]}):
+            cells = []
+            for level in [*levels, "mean"]:
+                values = [found[phase].get(role, {}).get(level) for phase in phases]
+                shown = [
+                    "–" if v is None else (f"{v:.2f}" if level == "mean" else f"{100 * v:.0f}%")
+                    for v in values
+                ]
+                cells.append(" → ".join(shown))
+            lines.append(f"| {strategy} | {role} | {' | '.join(cells)} | {runs} |")
+    return "\n".join(lines)
+
+
+def plot_winning_bids(groups: dict[str, list[RunResult]], path: Path) -> Path | None:
+    """Per strategy a panel: for each role, a bar per held-out evaluation (after SFT, after
+    RL), stacked by the share of the role's acting steps won at each bid level. None when no
+    run's rule records winning bids."""
+    shares = {strategy: winning_bid_shares(results) for strategy, results in groups.items()}
+    shares = {strategy: found for strategy, found in shares.items() if found}
+    if not shares:
+        return None
+    levels = sorted({lv for found in shares.values() for lv in bid_levels_of(found)}, key=float)
+    colors = {level: plt.cm.viridis(i / max(len(levels) - 1, 1)) for i, level in enumerate(levels)}
+    fig, axes = panel_grid(len(shares))
+    for ax, (strategy, found) in zip(axes, shares.items(), strict=False):
+        phases = [phase for phase in WINNING_BID_PHASES if phase in found]
+        roles = sorted({role for phase in phases for role in found[phase]})
+        ticks, labels = [], []
+        for i, role in enumerate(roles):
+            for j, phase in enumerate(phases):
+                x = i * (len(phases) + 1) + j
+                ticks.append(x)
+                labels.append(f"{role}\n{WINNING_BID_PHASES[phase]}")
+                bottom = 0.0
+                for level in levels:
+                    share = found[phase].get(role, {}).get(level, 0.0)
+                    ax.bar(x, share, bottom=bottom, color=colors[level], width=0.8)
+                    bottom += share
+        ax.set_xticks(ticks, labels, fontsize=7, rotation=90)
+        ax.set_title(wrapped(strategy), fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("share of the role's acting steps")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[level]) for level in levels]
+    axes[0].legend(handles, [f"won at {level}" for level in levels], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def verdict(rows: list[StrategyRow]) -> str:
     """One sentence: who has the highest mean, by how much over the second, and whether that
     is told apart: by their paired difference on the (training seed, world) cells both hold
@@ -965,6 +1087,7 @@ FIGURES = {
     "participation_at.png": "participation at fixed decisions",
     "reward_vs_flops.png": "reward vs training FLOPs",
     "participation.png": "participation share per role",
+    "winning_bids.png": "winning-bid distribution per role, after SFT vs after RL",
 }
 """The report's figures (file -> caption), in the order the report shows them."""
 
@@ -993,6 +1116,7 @@ def write_report(
         rl_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),
+        winning_bid_table(groups),
         outcome_table(groups, reference),
     )
     sections += [table for table in tables if table]
@@ -1003,6 +1127,7 @@ def write_report(
         plot_participation_at(groups, out / "participation_at.png"),
         plot_reward_vs_flops(groups, out / "reward_vs_flops.png"),
         plot_participation(groups, out / "participation.png"),
+        plot_winning_bids(groups, out / "winning_bids.png"),
     ]
     sections += [f"![{FIGURES[path.name]}]({path.name})" for path in drawn if path is not None]
     text = "\n\n".join(sections)
