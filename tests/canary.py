@@ -62,7 +62,8 @@ def run_canary(folder: Path) -> dict[str, float]:
     command = [sys.executable, "-m", "bidswarm.train", f"hydra.run.dir={run_dir}", *OVERRIDES]
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
-        raise RuntimeError(f"the canary run failed:\n{result.stdout[-3000:]}{result.stderr[-5000:]}")
+        output = result.stdout[-3000:] + result.stderr[-5000:]
+        raise RuntimeError(f"the canary run failed:\n{output}")
     state = json.loads((run_dir / "state.json").read_text())
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     sources = {"": state["sft"], "eval_before/": state["eval_before"]}
@@ -79,7 +80,8 @@ def run_canary(folder: Path) -> dict[str, float]:
 
 def platform_tag() -> str:
     """Where the pin was written: float results can differ across torch builds and CPUs."""
-    return f"torch {torch.__version__}, {platform.machine()}, {torch.backends.cpu.get_cpu_capability()}"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"torch {torch.__version__}, {platform.machine()}, {capability}"
 
 
 def moved(pinned: dict[str, float], measured: dict[str, float]) -> list[str]:

@@ -258,3 +258,61 @@ def test_flop_budget_ends_rl_once_spent(tmp_path):
     )
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert len(checkpoint["bidswarm"]["history"]) == 1
+
+
+# -- winning bids per role (what bucket-brigade credit sees) ---------------------------------
+
+
+def test_winning_bids_per_role_are_shares_of_its_acting_steps_by_level():
+    from bidswarm.coordination.base import Decision
+    from bidswarm.rollout.metrics import episode_metrics, winning_bid_metrics
+    from bidswarm.rollout.records import Episode, StepRecord
+
+    def episode(decisions):
+        e = Episode(seed=0)
+        e.steps = [StepRecord(i, d) for i, d in enumerate(decisions)]
+        return e
+
+    levels = [0.0, 0.2, 0.4, 0.6, 0.8]
+    # agent 3 is a second logger (replicas): its steps count for the role
+    roles = ["logger", "miner", "smith", "logger"]
+    episodes = [
+        episode([Decision(0, 0.8), Decision(0, 0.8), Decision(None), Decision(1, 0.4)]),
+        episode([Decision(3, 0.6), Decision(1, 0.4), Decision(1, 0.8)]),
+    ]
+    metrics = winning_bid_metrics(episodes, roles, levels)
+    assert metrics["bids/winning/logger/0.8"] == pytest.approx(2 / 3)
+    assert metrics["bids/winning/logger/0.6"] == pytest.approx(1 / 3)
+    assert metrics["bids/winning/logger/0.2"] == 0.0
+    assert metrics["bids/winning/logger/mean"] == pytest.approx((0.8 + 0.8 + 0.6) / 3)
+    assert metrics["bids/winning/miner/0.4"] == pytest.approx(2 / 3)
+    assert metrics["bids/winning/miner/mean"] == pytest.approx((0.4 + 0.4 + 0.8) / 3)
+    assert "bids/winning/logger/0" not in metrics, "a zero bid never wins"
+    assert not any(key.startswith("bids/winning/smith/") for key in metrics), "smith never acted"
+    for role in ("logger", "miner"):
+        shares = [metrics[f"bids/winning/{role}/{level:g}"] for level in levels[1:]]
+        assert sum(shares) == pytest.approx(1.0)
+    assert episode_metrics(episodes, roles, levels).items() >= metrics.items()
+    # a rule that records no winning bid (0 at every step) logs none, rather than "all at 0"
+    assert not any(key.startswith("bids/") for key in episode_metrics(episodes, roles, None))
+
+
+@pytest.mark.parametrize(
+    ("rule", "records"),
+    [(Auction(), True), (RoundRobin(), False), (GraphOfAgents(), False), (AgentNet(), False)],
+)
+def test_only_the_auction_records_winning_bids_in_evaluation(rule, records):
+    """The held-out evaluation (``eval_before``, ``eval_after``, ``bidswarm.evaluate``) logs
+    winning bids through the collector's own ``episode_metrics``, for rules that record them."""
+    from bidswarm.rollout.evaluation import evaluate
+
+    swarm = build_swarm(seed=1)
+    loop = RolloutLoop(lambda: make_env(task()), swarm, rule)
+    assert loop.winning_bid_levels == (swarm.bid_levels if records else None)
+    evaluation = evaluate(loop, [0, 1], runs_per_seed=1, seed=0)
+    acted = {
+        swarm.roles[s.actor] for e in evaluation.episodes for s in e.steps if s.actor is not None
+    }
+    logged = {key.split("/")[2] for key in evaluation.metrics if key.startswith("bids/winning/")}
+    assert logged == (acted if records else set())
+    assert Monolithic.records_winning_bids is False

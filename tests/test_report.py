@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import subprocess
 import sys
 
@@ -59,8 +60,10 @@ def test_without_world_rewards_the_summary_is_over_runs_and_names_the_winner():
     table = report.markdown_table(rows)
     # t_{0.975, 1} = 12.706: 5 +- 12.71.
     assert "| a | 5.00 ± 1.00 | -7.71 .. 17.71 | 2 runs | 2 | 1e+09 | best |" in table
-    assert "| b | 2.00 ± 0.25 | n/a | 1 run (its SE) | 1 | 1e+09 | -3.00 |" in table
+    assert "| b | 2.00 ± 0.25 | n/a | 1 run¹ | 1 | 1e+09 | -3.00 |" in table
+    assert table.endswith(f"¹ {report.ONE_SEED}.")
     assert "**a**" in report.verdict(rows) and "+3.00 (+150%)" in report.verdict(rows)
+    assert "no interval to tell them apart" in report.verdict(rows)
 
 
 def trained(strategy: str, seed: int | None, worlds: dict[int, float] | None) -> report.RunResult:
@@ -84,14 +87,25 @@ def test_cells_pair_strategies_by_training_seed_and_world():
     rows = report.summarize(report.group_by_strategy(runs))
     by_name = {row.strategy: row for row in rows}
     default = by_name[report.DEFAULT_STRATEGY]
-    cells = [2.0, 4.0, 9.0, 3.0, 5.0, 10.0]
-    expected = report.statistics.summarize(cells)
+    # Two training seeds: the two-way cluster bootstrap over seeds and worlds, not the t
+    # interval over the 6 cells taken as independent.
+    expected = statistics.clustered_summary(default.cells)
     assert default.n == 6 and default.unit == "cells" and default.cells[(1, 12)] == 10.0
-    assert (default.mean, default.se, default.ci_low) == pytest.approx(
-        (expected.mean, expected.se, expected.ci_low)
+    assert default.seeds == 2 and default.counts_seeds
+    assert (default.mean, default.se, default.ci_low, default.ci_high) == pytest.approx(
+        (expected.mean, expected.se, expected.ci_low, expected.ci_high)
     )
     assert by_name["better"].n == 6 and by_name["better"].runs == 3
     assert by_name["old"].unit == "runs" and not by_name["old"].cells
+    # One training seed: the t interval over its worlds, labelled as such.
+    lone = statistics.summarize(list(base.values()))
+    assert by_name["elsewhere"].seeds == 1 and not by_name["elsewhere"].counts_seeds
+    assert (by_name["elsewhere"].se, by_name["elsewhere"].ci_low) == pytest.approx(
+        (lone.se, lone.ci_low)
+    )
+    table = report.markdown_table(rows)
+    assert "| 2 seeds, 6 cells |" in table and "| 1 seed, 3 worlds¹ |" in table
+    assert f"¹ {report.ONE_SEED}." in table
 
     reference = report.reference_strategy(rows, None)
     assert reference == report.DEFAULT_STRATEGY, "the MPT defaults, although not the best"
@@ -154,11 +168,13 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     client.log_dict(evaluation.info.run_id, {"10": 1.0, "11": 3.0}, "heldout/eval_worlds.json")
 
     text = report.write_report(client, parent_id, None, tmp_path / "sweep")
-    # Cells 2, 4, 4, 6: SE sqrt(8/3 / 4) = 0.82, half width 3.182 * 0.8165 = 2.60.
-    assert "| mpt (defaults) | 4.00 ± 0.82 | 1.40 .. 6.60 | 4 cells | 2 | 2e+06 | best |" in text
+    # Cells 2, 4 (seed 0) and 4, 6 (seed 1): two-way cluster bootstrap over seeds and worlds.
+    s = statistics.clustered_summary({(0, 10): 2.0, (0, 11): 4.0, (1, 10): 4.0, (1, 11): 6.0})
     assert (
-        "| ablation=monolithic | 1.50 ± 0.20 | n/a | 1 run (its SE) | 1 | 2e+06 | -2.50 |" in text
-    )
+        f"| mpt (defaults) | 4.00 ± {s.se:.2f} | {s.ci_low:.2f} .. {s.ci_high:.2f} "
+        "| 2 seeds, 4 cells | 2 | 2e+06 | best |"
+    ) in text
+    assert "| ablation=monolithic | 1.50 ± 0.20 | n/a | 1 run¹ | 1 | 2e+06 | -2.50 |" in text
     assert "| − mpt (defaults) |" in text
     assert "| ablation=monolithic | n/a | n/a | 0 | not paired: no shared cell |" in text
     assert "unrelated" not in text and "round_robin" not in text
@@ -167,10 +183,12 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     assert (tmp_path / "sweep" / "report.md").read_text() == text + "\n"
 
     text = report.write_report(client, None, "grid", tmp_path / "all")
-    # Worlds 1 and 3: SE 1, half width t_{0.975, 1} = 12.71; the FLOPs of its source run.
-    assert "| coordination=round_robin | 2.00 ± 1.00 | -10.71 .. 14.71 | 2 cells | 1 | 2e+06 |" in (
-        text
-    )
+    # One training seed (its source run's, 0), worlds 1 and 3: SE 1, half width
+    # t_{0.975, 1} = 12.71, labelled as over worlds only; the FLOPs of its source run.
+    assert (
+        "| coordination=round_robin | 2.00 ± 1.00 | -10.71 .. 14.71 | 1 seed, 2 worlds¹ | 1 "
+        "| 2e+06 |"
+    ) in text
     # Paired with the seed-0 cells of its source run (training seed 0): 1 - 2 and 3 - 4.
     assert (
         "| coordination=round_robin | -1.00 | -1.00 .. -1.00 | 2 "
@@ -185,6 +203,102 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
         "| mpt (defaults) | +1.00 | +1.00 .. +1.00 | 2 "
         "| mpt (defaults) > coordination=round_robin |"
     ) in text, "only the two cells both hold"
+
+
+def test_a_sweep_parent_logs_each_arms_interval_over_training_seeds_and_worlds(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from bidswarm.sweep import summarise_sweep
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("grid", str(tmp_path / "artifacts"))
+    parent = client.create_run(experiment_id, run_name="sweep", tags={"bidswarm.sweep_dir": "x"})
+    parent_id = parent.info.run_id
+    cells = {}
+    for seed in (0, 1, 2):
+        worlds = {w: 10.0 * seed + w for w in range(4)}
+        cells |= {(seed, w): r for w, r in worlds.items()}
+        name = f"ablation=none,seed={seed}"
+        log_training_run(client, experiment_id, name, [1.0, 2.0], parent_id, worlds)
+    lone = {10: 2.0, 11: 5.0, 12: 3.0}
+    log_training_run(client, experiment_id, "ablation=monolithic,seed=0", [1.0], parent_id, lone)
+    text = summarise_sweep(client, parent_id, tmp_path / "summary")
+
+    metrics = client.get_run(parent_id).data.metrics
+    expected = statistics.clustered_summary(cells)
+    naive = statistics.summarize(list(cells.values()))
+    arm = "arm/ablation-none/heldout_reward"
+    assert (metrics[f"{arm}/mean"], metrics[f"{arm}/ci_low"], metrics[f"{arm}/ci_high"]) == (
+        pytest.approx((expected.mean, expected.ci_low, expected.ci_high))
+    )
+    assert metrics[f"{arm}/se"] == pytest.approx(expected.se) and expected.se > 1.5 * naive.se
+    assert metrics["arm/ablation-none/seeds"] == 3.0 and metrics["arm/ablation-none/runs"] == 3.0
+    # One training seed: over worlds only, and the parent says it counts one seed.
+    over_worlds = statistics.summarize(list(lone.values()))
+    assert metrics["arm/ablation-monolithic/heldout_reward/se"] == pytest.approx(over_worlds.se)
+    assert metrics["arm/ablation-monolithic/seeds"] == 1.0
+    assert "| ablation=monolithic |" in text and "| 1 seed, 3 worlds¹ |" in text
+    assert f"¹ {report.ONE_SEED}." in text
+
+
+def test_a_clustered_interval_covers_the_true_mean_when_training_seeds_vary():
+    """5 training seeds x 30 worlds, a seed effect of SD 10 and cell noise of SD 30: the
+    strategy's 95% interval of :func:`report.summarize` covers the true mean about 95% of the
+    time; the t interval over the 150 cells as independent about 2/3 of the time."""
+    rng = random.Random(7)
+    replications, truth = 300, 50.0
+    clustered = naive = 0
+    for _ in range(replications):
+        runs = []
+        for seed in range(5):
+            level = truth + rng.gauss(0, 10)
+            worlds = {w: level + rng.gauss(0, 30) for w in range(30)}
+            runs.append(trained("mpt", seed, worlds))
+        (row,) = report.summarize(report.group_by_strategy(runs))
+        assert row.counts_seeds and row.seeds == 5
+        clustered += row.ci_low <= truth <= row.ci_high
+        cells = statistics.summarize(list(row.cells.values()))
+        naive += cells.ci_low <= truth <= cells.ci_high
+    assert clustered / replications >= 0.88
+    assert naive / replications < 0.80
+
+
+def separated_by_naive_ses(shared_seeds: bool) -> list[report.RunResult]:
+    """Two strategies 2 apart over 3 training seeds x 20 worlds, whose training seeds scatter
+    them by several points: the SEs over cells taken as independent do not overlap; an
+    interval over training seeds cannot tell them apart."""
+    rng = random.Random(3)
+    runs = []
+    for index, shift in enumerate((8.0, -4.0, 2.0)):
+        base = {w: 10.0 + rng.gauss(0, 1) for w in range(20)}
+        seed_b = index if shared_seeds else index + 10
+        runs.append(trained("b", seed_b, base))
+        runs.append(trained("a", index, {w: r + shift for w, r in base.items()}))
+    return runs
+
+
+@pytest.mark.parametrize("shared_seeds", [True, False])
+def test_the_verdict_rests_on_intervals_over_training_seeds_not_on_naive_ses(shared_seeds):
+    rows = report.summarize(report.group_by_strategy(separated_by_naive_ses(shared_seeds)))
+    first, second = rows
+    a = [v for (s, _), v in first.cells.items()]
+    b = [v for (s, _), v in second.cells.items()]
+    gap = first.mean - second.mean
+    assert gap > statistics.summarize(a).se + statistics.summarize(b).se, "naive SEs separate"
+    text = report.verdict(rows)
+    assert "**a**" in text and "separated" not in text
+    if shared_seeds:
+        assert "paired on 60 (training seed, world) cells" in text
+        assert "no difference detected" in text
+    else:
+        assert "their 95% intervals overlap" in text
+    # a real, consistent gap paired on the same cells is told apart
+    clear = [r for r in separated_by_naive_ses(True) if r.strategy == "b"]
+    clear += [
+        trained("a", r.training_seed, {w: v + 2.0 for w, v in r.world_rewards.items()})
+        for r in clear
+    ]
+    assert "a > b" in report.verdict(report.summarize(report.group_by_strategy(clear)))
 
 
 @pytest.mark.slow
@@ -257,8 +371,18 @@ def test_rl_gain_and_participation_shift_per_strategy():
     flat.before_world_rewards = dict.fromkeys(worlds, 3.0)
     groups = report.group_by_strategy([*runs, flat])
     gains = report.rl_gain_table(groups)
-    assert "| mpt | 7.50 | 13.50 | +6.00 | +6.00 .. +6.00 | after RL > after SFT |" in gains
-    assert "| flat | 3.00 | 3.00 | +0.00 |" in gains and "no difference detected" in gains
+    # Each mean with its two-way clustered interval over the 3 seeds x 6 worlds.
+    sft = statistics.clustered_summary({(s, w): 4.0 + w + s for s in (0, 1, 2) for w in worlds})
+    rl = statistics.clustered_summary({(s, w): 10.0 + w + s for s in (0, 1, 2) for w in worlds})
+    assert (
+        f"| mpt | 7.50 ({sft.ci_low:.2f} .. {sft.ci_high:.2f}) "
+        f"| 13.50 ({rl.ci_low:.2f} .. {rl.ci_high:.2f}) | +6.00 | +6.00 .. +6.00 "
+        "| after RL > after SFT |"
+    ) in gains
+    assert sft.ci_low < 7.5 < sft.ci_high
+    # One seed: over its worlds only, marked.
+    assert "| flat | 3.00 (3.00 .. 3.00)¹ | 3.00 (3.00 .. 3.00)¹ | +0.00 |" in gains
+    assert "no difference detected" in gains and gains.endswith(f"¹ {report.ONE_SEED}.")
     shift = report.participation_table(groups)
     assert "| mpt | logger 80% → 50%; miner 20% → 50% | 3 |" in shift
     assert "flat" not in shift, "a run without participation metrics has no row"
@@ -452,3 +576,60 @@ def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
     assert "| ablation=monolithic | 900 | 0 | 2e+09 | 48 | 0 | 2e+06 | 1 |" in text
     assert "| coordination=agentnet | 1e+03 | 500 | 6e+09 | 48 | 12 | 2e+06 | 1 |" in text
     assert "| ablation=round_robin | n/a | n/a | n/a | n/a | n/a | 1e+06 | 1 |" in text
+
+
+def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("credit", str(tmp_path / "artifacts"))
+    # After SFT every winning bid is the experts' 0.8; after RL the miner spreads out.
+    for seed, miner_low in ((0, 0.2), (1, 0.4)):
+        run_id = log_training_run(client, experiment_id, f"seed={seed}", [1.0, 2.0])
+        for key, value in (
+            ("eval_before/bids/winning/logger/0.8", 1.0),
+            ("eval_before/bids/winning/logger/0.4", 0.0),
+            ("eval_before/bids/winning/logger/mean", 0.8),
+            ("eval_before/bids/winning/miner/0.8", 1.0),
+            ("eval_before/bids/winning/miner/0.4", 0.0),
+            ("eval_before/bids/winning/miner/mean", 0.8),
+            ("eval_after/bids/winning/logger/0.8", 1.0),
+            ("eval_after/bids/winning/logger/0.4", 0.0),
+            ("eval_after/bids/winning/logger/mean", 0.8),
+            ("eval_after/bids/winning/miner/0.8", 1.0 - miner_low),
+            ("eval_after/bids/winning/miner/0.4", miner_low),
+            ("eval_after/bids/winning/miner/mean", 0.8 - 0.4 * miner_low),
+        ):
+            client.log_metric(run_id, key, value)
+    # a rule without bids logs none: no row, whatever it did
+    log_training_run(client, experiment_id, "ablation=round_robin,seed=0", [1.0, 2.0])
+    evaluation = client.create_run(
+        experiment_id, run_name="eval bids_from=sft", tags={"bidswarm.kind": "evaluate"}
+    )
+    client.log_metric(evaluation.info.run_id, "eval/reward/mean", 1.0)
+    client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/0.8", 0.5)
+    client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/0.4", 0.5)
+    client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/mean", 0.6)
+
+    runs = [report.read_run(client, r) for r in report.find_runs(client, None, "credit")]
+    trained_run = next(r for r in runs if r.strategy == report.DEFAULT_STRATEGY)
+    assert trained_run.winning_bids["before"]["miner"] == {"0.8": 1.0, "0.4": 0.0, "mean": 0.8}
+    assert set(trained_run.winning_bids) == {"before", "after"}
+    groups = report.group_by_strategy(runs)
+    table = report.winning_bid_table(groups)
+    assert "| strategy | role | 0.4 | 0.8 | mean bid | runs |" in table
+    # miner after RL: mean over the two runs of 0.2 and 0.4 at 0.4 -> 30%
+    assert "| mpt (defaults) | miner | 0% → 30% | 100% → 70% | 0.80 → 0.68 | 2 |" in table
+    assert "| mpt (defaults) | logger | 0% → 0% | 100% → 100% | 0.80 → 0.80 | 2 |" in table
+    assert "| bids_from=sft | smith | 50% | 50% | 0.60 | 1 |" in table
+    assert "round_robin" not in table
+
+    text = report.write_report(client, None, "credit", tmp_path / "out")
+    assert table in text
+    assert "winning_bids.png" in report.FIGURES
+    assert f"![{report.FIGURES['winning_bids.png']}](winning_bids.png)" in text
+    assert (tmp_path / "out" / "winning_bids.png").stat().st_size > 0
+    # without winning bids: neither table nor figure
+    without = report.group_by_strategy([r for r in runs if not r.winning_bids])
+    assert report.winning_bid_table(without) == ""
+    assert report.plot_winning_bids(without, tmp_path / "none.png") is None

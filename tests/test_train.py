@@ -66,6 +66,13 @@ def test_smoke_logs_metrics_params_and_artifacts_to_mlflow(smoke_run):
         "sft/flops/agent1_miner",
     ):
         assert key in metrics, f"{key} missing from MLflow metrics {sorted(metrics)}"
+    # the auction's winning bids per role, in training and on the held-out worlds
+    for prefix in ("bids/winning/", "eval_after/bids/winning/"):
+        roles = {k.removeprefix(prefix).split("/")[0] for k in metrics if k.startswith(prefix)}
+        assert roles, f"no {prefix}* in {sorted(metrics)}"
+        for role in roles:
+            shares = [v for k, v in metrics.items() if k.startswith(f"{prefix}{role}/0.")]
+            assert len(shares) == 4 and sum(shares) == pytest.approx(1.0)
     assert run.data.params["rl/fork_budget"] == "2"
     # The run's budget: SFT tokens by demonstration kind and FLOPs, the updates of each kind.
     state = read_state(run_dir)

@@ -26,6 +26,9 @@ SFT_FLOPS = "sft/flops"
 """SFT's training FLOPs, 6 x parameters x trained tokens (all agents; ``/<agent>``)."""
 SFT_BUDGET = (SFT_ACTION_TOKENS, SFT_BID_TOKENS, SFT_FLOPS)
 """The SFT budget a run logs, each as a total and per agent."""
+WINNING_BIDS = "bids/winning"
+"""``bids/winning/<role>/<level>``: share of the role's acting steps won at that bid level;
+``bids/winning/<role>/mean``: the role's mean winning bid (rules that record winning bids)."""
 EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"

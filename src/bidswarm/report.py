@@ -12,18 +12,20 @@ runs give their held-out result after RL (``eval_after/...``) and their training
 evaluation runs (``python -m bidswarm.evaluate``) give ``eval/...`` and borrow the training FLOPs
 of the run they evaluated. Writes ``report.md`` and the figures that have data
 (:data:`FIGURES`: the outcomes against a swept number such as ``replicas`` or ``dropout``,
-participation at fixed decisions, reward vs training FLOPs, participation per role) into
-``--out`` and prints the tables.
+participation at fixed decisions, reward vs training FLOPs, participation per role, winning
+bids per role) into ``--out`` and prints the tables.
 
 Statistics are over held-out *worlds*, never episodes: each run logs its mean reward per
 held-out world (artifact ``heldout/eval_after_worlds.json``, ``heldout/eval_worlds.json`` for
 evaluation runs, with each world's pass@k in ``heldout/eval_pass_at_<k>_worlds.json``). A
-strategy's mean, SE and 95% t interval are over its (training seed, world) cells; every
-strategy is compared with the reference strategy (``--reference``, default the MPT defaults)
-by the paired difference over the (training seed, world) cells both hold, with a two-way
-cluster bootstrap interval over training seeds and worlds
-(:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
-fall back to statistics over their run-level means and are left out of the pairing.
+strategy's mean, SE and 95% interval are over its (training seed, world) cells by a two-way
+cluster bootstrap over training seeds and worlds (a strategy of one training seed: a t interval
+over its worlds, labelled as not counting training-seed variation); every strategy is compared
+with the reference strategy (``--reference``, default the MPT defaults) by the paired difference
+over the (training seed, world) cells both hold, with a two-way cluster bootstrap interval over
+training seeds and worlds (:func:`bidswarm.statistics.paired_difference`). Runs logged before
+per-world rewards existed fall back to statistics over their run-level means and are left out
+of the pairing.
 """
 
 from __future__ import annotations
@@ -100,11 +102,16 @@ class RunResult:
     budget: dict[str, float] = field(default_factory=dict)
     """What the training run spent (:data:`BUDGET_COLUMNS`; an evaluation run: its source
     run's); a key the run did not log is absent."""
+    winning_bids: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """``before`` / ``after`` RL (training runs) or ``eval`` (evaluation runs) -> role -> bid
+    level (``0.8``) or ``mean`` -> that held-out ``bids/winning/<role>/<level>`` (empty: the
+    rule records no winning bids)."""
 
 
 @dataclass
 class StrategyRow:
-    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)."""
+    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)
+    from ``seeds`` training seeds (:func:`summarize`)."""
 
     strategy: str
     mean: float
@@ -117,6 +124,17 @@ class StrategyRow:
     unit: str = "runs"
     cells: dict[tuple[object, int], float] = field(default_factory=dict)
     """(training seed, world) -> mean reward, for pairing (empty: no per-world rewards)."""
+    seeds: int = 1
+    """Training seeds the runs came from (a run of unknown seed counts as one of its own)."""
+
+    @property
+    def counts_seeds(self) -> bool:
+        """Whether SE and CI include training-seed variation (two seeds or more)."""
+        return self.seeds >= 2
+
+
+ONE_SEED = "1 seed: SE over worlds, training-seed variation not counted"
+"""The note of a strategy with a single training seed, whose SE and CI are over worlds only."""
 
 
 @dataclass
@@ -236,6 +254,18 @@ def budget_of(metrics: dict[str, float]) -> dict[str, float]:
     return {key: metrics[key] for key, _ in BUDGET_COLUMNS if key in metrics}
 
 
+def winning_bids_of(metrics: dict[str, float], evaluation: str) -> dict[str, dict[str, float]]:
+    """Role -> level (or ``mean``) -> value of the ``<evaluation>/bids/winning/<role>/<level>``
+    metrics (:func:`bidswarm.rollout.metrics.winning_bid_metrics`)."""
+    prefix = f"{evaluation}/{names.WINNING_BIDS}/"
+    found: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():
+        if key.startswith(prefix):
+            role, level = key.removeprefix(prefix).split("/")
+            found.setdefault(role, {})[level] = value
+    return found
+
+
 def read_run(client: MlflowClient, run: Run) -> RunResult:
     metrics = run.data.metrics
     strategy = strategy_of(run.info.run_name or "")
@@ -275,6 +305,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             outcomes=outcomes,
             world_pass_at_k={k: v for k, v in world_pass_at_k.items() if v is not None},
             budget=budget,
+            winning_bids={"eval": bids} if (bids := winning_bids_of(metrics, "eval")) else {},
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
@@ -306,6 +337,11 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         participation=participation,
         heldout_curve=heldout_curve(client, run.info.run_id, metrics),
         budget=budget_of(metrics),
+        winning_bids={
+            when: bids
+            for when in ("before", "after")
+            if (bids := winning_bids_of(metrics, f"eval_{when}"))
+        },
     )
 
 
@@ -383,6 +419,17 @@ def pass_interval(results: list[RunResult], k: int) -> str:
     return f"{100 * summary.ci_low:.1f}% .. {100 * summary.ci_high:.1f}%"
 
 
+def pass_summary(results: list[RunResult], k: int) -> statistics.Summary | None:
+    """pass@k of a strategy: over its (training seed, world) cells (:func:`cell_summary`) when
+    every run logged per-world pass@k, else the t interval over its runs' means (one training
+    seed each); None when no run logged pass@k."""
+    cells = pass_cells(results, k)
+    if cells is not None:
+        return cell_summary(cells)[0]
+    values = [r.outcomes[f"pass_at_{k}/mean"] for r in results if f"pass_at_{k}/mean" in r.outcomes]
+    return statistics.summarize(values) if values else None
+
+
 def pass_cells(results: list[RunResult], k: int) -> dict[tuple[object, int], float] | None:
     """(training seed, world) -> pass@k (:func:`strategy_cells`); None when a run logged no
     per-world pass@k."""
@@ -419,26 +466,43 @@ def pass_difference(results: list[RunResult], reference: list[RunResult], k: int
     return f"{100 * d.mean:+.1f} ({100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f})"
 
 
+def seed_cluster(result: RunResult) -> object:
+    """The training seed of a run; a run of unknown seed is its own cluster, ``run <id>``."""
+    return f"run {result.run_id}" if result.training_seed is None else result.training_seed
+
+
 def strategy_cells(
     results: list[RunResult],
     per_world: Callable[[RunResult], dict[int, float] | None] = lambda r: r.world_rewards,
 ) -> dict[tuple[object, int], float]:
     """(training seed, world) -> mean over the strategy's runs of that seed of ``per_world``
-    (by default the held-out reward; a run of unknown seed is its own cluster, ``run <id>``,
-    which pairs with nothing)."""
+    (by default the held-out reward; a run of unknown seed is its own cluster
+    (:func:`seed_cluster`), which pairs with nothing)."""
     values: dict[tuple[object, int], list[float]] = {}
     for result in results:
-        cluster = result.training_seed
-        if cluster is None:
-            cluster = f"run {result.run_id}"
+        cluster = seed_cluster(result)
         for world, reward in (per_world(result) or {}).items():
             values.setdefault((cluster, world), []).append(reward)
     return {key: sum(v) / len(v) for key, v in values.items()}
 
 
+def cell_summary(cells: dict[tuple[object, int], float]) -> tuple[statistics.Summary, int]:
+    """Mean, SE and 95% CI of a strategy's (training seed, world) cells, and how many training
+    seeds they hold. Two seeds or more: the two-way cluster bootstrap over training seeds and
+    worlds (:func:`bidswarm.statistics.clustered_summary`; cells that share a seed are not
+    independent). One seed: the t interval over its worlds, which cannot count the variation
+    between training seeds (:data:`ONE_SEED`)."""
+    seeds = len({seed for seed, _ in cells})
+    if seeds >= 2:
+        return statistics.clustered_summary(cells), seeds
+    return statistics.summarize(list(cells.values())), seeds
+
+
 def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
-    """Mean, SE and 95% CI per strategy over its (training seed, world) cells when every run
-    logged per-world rewards; else over its runs' means (one run: its own SE, no CI)."""
+    """Mean, SE and 95% CI per strategy. When every run logged per-world rewards: over its
+    (training seed, world) cells (:func:`cell_summary`: two-way cluster bootstrap over seeds
+    and worlds; one seed: over worlds only). Else over its runs' means (t interval; each run is
+    one training seed; one run: its own SE over worlds, no CI)."""
     rows = []
     for strategy, results in groups.items():
         scored = [r for r in results if r.heldout_mean is not None]
@@ -448,9 +512,10 @@ def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
         row = StrategyRow(
             strategy, 0.0, 0.0, len(scored), sum(flops) / len(flops) if flops else None
         )
+        row.seeds = len(scored)  # runs without per-world rewards: one training seed each
         if all(r.world_rewards for r in scored):
             row.cells = strategy_cells(scored)
-            s = statistics.summarize(list(row.cells.values()))
+            s, row.seeds = cell_summary(row.cells)
             row.unit = "cells"
         elif len(scored) == 1:
             row.mean, row.se = scored[0].heldout_mean, scored[0].heldout_se or 0.0
@@ -463,12 +528,26 @@ def summarize(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
     return sorted(rows, key=lambda row: row.mean, reverse=True)
 
 
+def interval_basis(row: StrategyRow) -> str:
+    """What a row's SE and CI are over: ``3 seeds, 90 cells``, ``5 runs``; a row of one
+    training seed says so (``1 seed, 30 worlds¹``, ``1 run¹``: footnote :data:`ONE_SEED`)."""
+    if row.ci_low is None:
+        return "1 run¹"
+    if row.unit == "runs":
+        return f"{row.n} runs"
+    if not row.counts_seeds:
+        return f"1 seed, {row.n} worlds¹"
+    return f"{row.seeds} seeds, {row.n} cells"
+
+
 def markdown_table(rows: list[StrategyRow]) -> str:
-    """Mean ± SE, 95% CI and what they are over (cells or runs), runs, FLOPs, gap to the best."""
+    """Mean ± SE, 95% CI and what they are over (seeds and cells, or runs), runs, FLOPs, gap
+    to the best; a footnote marks the rows whose interval cannot count training seeds."""
     lines = [
-        "Held-out reward per strategy: mean ± SE and 95% t interval over its (training seed, "
-        "world) cells, each the mean of that world's runs (over runs' means for runs that "
-        "logged no per-world rewards).",
+        "Held-out reward per strategy: mean ± SE and 95% CI over its (training seed, world) "
+        "cells, each the mean of that world's runs, by a two-way cluster bootstrap over "
+        "training seeds and worlds (runs that logged no per-world rewards: t interval over the "
+        "runs' means, one training seed each).",
         "",
         "| strategy | held-out reward (mean ± SE) | 95% CI | over | runs | training FLOPs "
         "| vs best |",
@@ -479,11 +558,12 @@ def markdown_table(rows: list[StrategyRow]) -> str:
         flops = f"{row.training_flops:.3g}" if row.training_flops is not None else "n/a"
         gap = "best" if row is rows[0] else f"{row.mean - best:+.2f}"
         ci = "n/a" if row.ci_low is None else f"{row.ci_low:.2f} .. {row.ci_high:.2f}"
-        over = f"{row.n} {row.unit}" if row.ci_low is not None else "1 run (its SE)"
         lines.append(
-            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {over} | {row.runs} "
-            f"| {flops} | {gap} |"
+            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {interval_basis(row)} "
+            f"| {row.runs} | {flops} | {gap} |"
         )
+    if any(not row.counts_seeds for row in rows):
+        lines += ["", f"¹ {ONE_SEED}."]
     return "\n".join(lines)
 
 
@@ -569,13 +649,13 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     same (training seed, world) cells (empty when no run measured both)."""
     lines = [
         "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
-        "SFT, paired on the same (training seed, world) cells; 95% CI by the two-way cluster "
-        "bootstrap.",
+        "SFT, paired on the same (training seed, world) cells; each mean and the difference "
+        "with its 95% CI by the two-way cluster bootstrap over training seeds and worlds.",
         "",
-        "| strategy | after SFT | after RL | RL − SFT | 95% CI | verdict |",
+        "| strategy | after SFT (95% CI) | after RL (95% CI) | RL − SFT | 95% CI | verdict |",
         "|---|---|---|---|---|---|",
     ]
-    found = False
+    found = one_seed = False
     for strategy, results in groups.items():
         both = [r for r in results if r.world_rewards and r.before_world_rewards]
         if not both:
@@ -597,11 +677,16 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
             ]
         )
         d = statistics.paired_difference(after, before, "after RL", "after SFT")
+        (sft, seeds), (rl, _) = cell_summary(before), cell_summary(after)
+        one_seed = one_seed or seeds < 2
+        mark = "¹" if seeds < 2 else ""
         lines.append(
-            f"| {strategy} | {statistics.summarize(list(before.values())).mean:.2f} "
-            f"| {statistics.summarize(list(after.values())).mean:.2f} | {d.mean:+.2f} "
+            f"| {strategy} | {sft.mean:.2f} ({sft.ci_low:.2f} .. {sft.ci_high:.2f}){mark} "
+            f"| {rl.mean:.2f} ({rl.ci_low:.2f} .. {rl.ci_high:.2f}){mark} | {d.mean:+.2f} "
             f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.verdict} |"
         )
+    if one_seed:
+        lines += ["", f"¹ {ONE_SEED}."]
     return "\n".join(lines) if found else ""
 
 
@@ -634,8 +719,110 @@ def participation_table(groups: dict[str, list[RunResult]]) -> str:
     return "\n".join(header + rows)
 
 
+WINNING_BID_PHASES = {"before": "after SFT", "after": "after RL", "eval": "evaluation"}
+"""The held-out evaluations whose winning bids the report shows, in order, with their labels."""
+
+
+def winning_bid_shares(
+    results: list[RunResult],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Phase (:data:`WINNING_BID_PHASES`) -> role -> level (or ``mean``) -> the mean over the
+    runs in which the role acted of their held-out ``bids/winning/<role>/<level>``."""
+    shares: dict[str, dict[str, dict[str, float]]] = {}
+    for phase in WINNING_BID_PHASES:
+        measured = [r.winning_bids[phase] for r in results if phase in r.winning_bids]
+        for role in sorted({role for bids in measured for role in bids}):
+            acted = [bids[role] for bids in measured if role in bids]
+            levels = {level for bids in acted for level in bids}
+            shares.setdefault(phase, {})[role] = {
+                level: sum(bids.get(level, 0.0) for bids in acted) / len(acted) for level in levels
+            }
+    return shares
+
+
+def bid_levels_of(shares: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """The bid levels (``0.2`` ... ``0.8``) in ``shares``, ascending."""
+    levels = {level for roles in shares.values() for bids in roles.values() for level in bids}
+    return sorted(levels - {"mean"}, key=float)
+
+
+def winning_bid_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy and role, the held-out share of the role's acting steps won at
+    each bid level and the mean winning bid, after SFT → after RL (or of an evaluation run),
+    mean over runs; empty when no run's rule records winning bids."""
+    shares = {strategy: winning_bid_shares(results) for strategy, results in groups.items()}
+    shares = {strategy: found for strategy, found in shares.items() if found}
+    if not shares:
+        return ""
+    levels = sorted({lv for found in shares.values() for lv in bid_levels_of(found)}, key=float)
+    lines = [
+        "Winning bids on the held-out worlds: per role, the share of its acting steps won at "
+        "each bid level and the mean winning bid (the bids bucket-brigade credit, Eq. 2, passes "
+        "upstream), after SFT → after RL, mean over the runs in which the role acted. Rules "
+        "without bids record none and have no row.",
+        "",
+        "| strategy | role | " + " | ".join(levels) + " | mean bid | runs |",
+        "|" + "---|" * (len(levels) + 4),
+    ]
+    for strategy, found in shares.items():
+        phases = [phase for phase in WINNING_BID_PHASES if phase in found]
+        runs = sum(any(p in r.winning_bids for p in phases) for r in groups[strategy])
+        for role in sorted({role for phase in phases for role in found[phase]}):
+            cells = []
+            for level in [*levels, "mean"]:
+                values = [found[phase].get(role, {}).get(level) for phase in phases]
+                shown = [
+                    "–" if v is None else (f"{v:.2f}" if level == "mean" else f"{100 * v:.0f}%")
+                    for v in values
+                ]
+                cells.append(" → ".join(shown))
+            lines.append(f"| {strategy} | {role} | {' | '.join(cells)} | {runs} |")
+    return "\n".join(lines)
+
+
+def plot_winning_bids(groups: dict[str, list[RunResult]], path: Path) -> Path | None:
+    """Per strategy a panel: for each role, a bar per held-out evaluation (after SFT, after
+    RL), stacked by the share of the role's acting steps won at each bid level. None when no
+    run's rule records winning bids."""
+    shares = {strategy: winning_bid_shares(results) for strategy, results in groups.items()}
+    shares = {strategy: found for strategy, found in shares.items() if found}
+    if not shares:
+        return None
+    levels = sorted({lv for found in shares.values() for lv in bid_levels_of(found)}, key=float)
+    colors = {level: plt.cm.viridis(i / max(len(levels) - 1, 1)) for i, level in enumerate(levels)}
+    fig, axes = panel_grid(len(shares))
+    for ax, (strategy, found) in zip(axes, shares.items(), strict=False):
+        phases = [phase for phase in WINNING_BID_PHASES if phase in found]
+        roles = sorted({role for phase in phases for role in found[phase]})
+        ticks, labels = [], []
+        for i, role in enumerate(roles):
+            for j, phase in enumerate(phases):
+                x = i * (len(phases) + 1) + j
+                ticks.append(x)
+                labels.append(f"{role}\n{WINNING_BID_PHASES[phase]}")
+                bottom = 0.0
+                for level in levels:
+                    share = found[phase].get(role, {}).get(level, 0.0)
+                    ax.bar(x, share, bottom=bottom, color=colors[level], width=0.8)
+                    bottom += share
+        ax.set_xticks(ticks, labels, fontsize=7, rotation=90)
+        ax.set_title(wrapped(strategy), fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("share of the role's acting steps")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[level]) for level in levels]
+    axes[0].legend(handles, [f"won at {level}" for level in levels], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def verdict(rows: list[StrategyRow]) -> str:
-    """One sentence: who wins and by how much (and whether the SEs overlap)."""
+    """One sentence: who has the highest mean, by how much over the second, and whether that
+    is told apart: by their paired difference on the (training seed, world) cells both hold
+    (two-way cluster bootstrap) when they share cells, else by whether their 95% intervals
+    overlap; a comparison that rests on one training seed says so."""
     if not rows:
         return "No run holds a held-out result yet."
     if len(rows) == 1:
@@ -643,8 +830,22 @@ def verdict(rows: list[StrategyRow]) -> str:
     first, second = rows[0], rows[1]
     gap = first.mean - second.mean
     relative = f" ({100 * gap / abs(second.mean):+.0f}%)" if second.mean else ""
-    overlap = abs(gap) <= first.se + second.se
-    note = "within one SE of each other" if overlap else "separated by more than their SEs"
+    shared = first.cells.keys() & second.cells.keys()
+    note, one_seed = "no interval to tell them apart (a run without per-world rewards)", False
+    if shared:
+        d = statistics.paired_difference(first.cells, second.cells, first.strategy, second.strategy)
+        seeds = len({seed for seed, _ in shared})
+        note = (
+            f"paired on {d.n} (training seed, world) cells: {d.mean:+.2f} (95% CI "
+            f"{d.ci_low:+.2f} .. {d.ci_high:+.2f}), {d.verdict}"
+        )
+        one_seed = seeds < 2
+    elif first.ci_low is not None and second.ci_low is not None:
+        apart = first.ci_low > second.ci_high or second.ci_low > first.ci_high
+        note = "their 95% intervals do not overlap" if apart else "their 95% intervals overlap"
+        one_seed = not (first.counts_seeds and second.counts_seeds)
+    if one_seed:
+        note += f" ({ONE_SEED})"
     return (
         f"Best: **{first.strategy}** {first.mean:.2f} ± {first.se:.2f}, {gap:+.2f}{relative} "
         f"over {second.strategy} ({second.mean:.2f} ± {second.se:.2f}); {note}."
@@ -868,10 +1069,11 @@ def as_number(text: str | None) -> float | None:
 def plot_outcomes(
     rows: list[StrategyRow], groups: dict[str, list[RunResult]], path: Path
 ) -> Path | None:
-    """Held-out reward (mean, 95% CI) and, when evaluations logged it, the highest pass@k
-    (mean ± SE over training runs) against the numeric override the strategies sweep
-    (population size, dropout p), a line per series (e.g. per coordination rule). None when
-    the strategies sweep no number."""
+    """Held-out reward (mean, 95% CI of :func:`summarize`) and, when evaluations logged it, the
+    highest pass@k (mean, 95% CI of :func:`pass_summary`) against the numeric override the
+    strategies sweep (population size, dropout p), a line per series (e.g. per coordination
+    rule); hollow markers: one training seed (intervals over worlds only). None when the
+    strategies sweep no number."""
     swept = swept_setting([row.strategy for row in rows])
     if swept is None:
         return None
@@ -892,27 +1094,31 @@ def plot_outcomes(
         high = [
             (row.ci_high if row.ci_high is not None else row.mean) - row.mean for _, row in chosen
         ]
-        axes[0].errorbar(xs, means, yerr=[low, high], marker="o", ms=4, capsize=3, label=series)
+        (line, _, _) = axes[0].errorbar(
+            xs, means, yerr=[low, high], marker="o", ms=4, capsize=3, label=series
+        )
+        one_seed = [(x, row.mean) for x, row in chosen if not row.counts_seeds]
+        if one_seed:
+            axes[0].plot(*zip(*one_seed, strict=True), "o", ms=7, mfc="white", c=line.get_color())
         if pass_key:
-            shares = []
-            for _, row in chosen:
-                values = [
-                    r.outcomes[pass_key] for r in groups[row.strategy] if pass_key in r.outcomes
-                ]
-                shares.append(statistics.summarize(values) if values else None)
+            shares = [pass_summary(groups[row.strategy], ks[-1]) for _, row in chosen]
             shown = [(x, s) for x, s in zip(xs, shares, strict=True) if s is not None]
             axes[1].errorbar(
                 [x for x, _ in shown],
                 [100 * s.mean for _, s in shown],
-                yerr=[100 * s.se for _, s in shown],
+                yerr=[
+                    [100 * (s.mean - s.ci_low) for _, s in shown],
+                    [100 * (s.ci_high - s.mean) for _, s in shown],
+                ],
                 marker="o",
                 ms=4,
                 capsize=3,
                 label=series,
             )
     axes[0].set_ylabel("held-out reward (mean, 95% CI)")
+    axes[0].set_title("95% CI over training seeds × worlds (hollow: 1 seed)", fontsize=9)
     if pass_key:
-        axes[1].set_ylabel(f"pass@{max(ks)} of task success, % (mean ± SE over runs)")
+        axes[1].set_ylabel(f"pass@{max(ks)} of task success, % (mean, 95% CI)")
         axes[1].set_ylim(0, 100)
     for ax in axes:
         ax.set_xlabel(key)
@@ -929,6 +1135,7 @@ FIGURES = {
     "participation_at.png": "participation at fixed decisions",
     "reward_vs_flops.png": "reward vs training FLOPs",
     "participation.png": "participation share per role",
+    "winning_bids.png": "winning-bid distribution per role, after SFT vs after RL",
 }
 """The report's figures (file -> caption), in the order the report shows them."""
 
@@ -958,6 +1165,7 @@ def write_report(
         rl_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),
+        winning_bid_table(groups),
         outcome_table(groups, reference),
     )
     sections += [table for table in tables if table]
@@ -968,6 +1176,7 @@ def write_report(
         plot_participation_at(groups, out / "participation_at.png"),
         plot_reward_vs_flops(groups, out / "reward_vs_flops.png"),
         plot_participation(groups, out / "participation.png"),
+        plot_winning_bids(groups, out / "winning_bids.png"),
     ]
     sections += [f"![{FIGURES[path.name]}]({path.name})" for path in drawn if path is not None]
     text = "\n\n".join(sections)

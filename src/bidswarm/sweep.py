@@ -98,8 +98,10 @@ def arm_metric_name(arm: str) -> str:
 def summarise_sweep(client, parent: str, out: Path) -> str:
     """The sweep's comparison (``bidswarm.report``: arms = children grouped by the overrides
     that differ) on its parent run: per arm the held-out reward after RL,
-    ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}``, and ``arm/<arm>/runs``; the report
-    (``summary/report.md``, its plots) and the table
+    ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}`` (two-way cluster bootstrap over
+    training seeds and worlds, :func:`bidswarm.report.summarize`; over worlds only for an arm of
+    one training seed), ``arm/<arm>/seeds`` (the training seeds those count) and
+    ``arm/<arm>/runs``; the report (``summary/report.md``, its plots) and the table
     ``summary/arms.json``. Returns the report's markdown."""
     from bidswarm import report  # MLflow's client: imported where a sweep logs to MLflow only
 
@@ -118,6 +120,7 @@ def summarise_sweep(client, parent: str, out: Path) -> str:
                 f"{name}/heldout_reward/ci_low": row.ci_low,
                 f"{name}/heldout_reward/ci_high": row.ci_high,
             }
+        metrics[f"{name}/seeds"] = float(row.seeds)
         metrics[f"{name}/runs"] = float(row.runs)
     for key, value in metrics.items():
         client.log_metric(parent, key, value)
@@ -128,6 +131,8 @@ def summarise_sweep(client, parent: str, out: Path) -> str:
         "SE": [row.se for row in rows],
         "95% CI low": [row.ci_low for row in rows],
         "95% CI high": [row.ci_high for row in rows],
+        "over": [report.interval_basis(row).replace("¹", f" ({report.ONE_SEED})") for row in rows],
+        "training seeds": [row.seeds for row in rows],
         "runs": [row.runs for row in rows],
     }
     client.log_table(parent, table, "summary/arms.json")

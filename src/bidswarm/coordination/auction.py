@@ -14,6 +14,7 @@ class Auction(CoordinationRule):
 
     asks_bids = True
     makes_contested_steps = True
+    records_winning_bids = True
 
     def bidders(self, situation: Situation) -> list[int]:
         return situation.present

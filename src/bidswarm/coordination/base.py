@@ -98,6 +98,9 @@ class CoordinationRule(abc.ABC):
     makes_contested_steps: ClassVar[bool] = False
     """Whether decisions name a bidding runner-up, so steps can be contested, forked and the
     bids trained by bid updates (Eq. 3)."""
+    records_winning_bids: ClassVar[bool] = False
+    """Whether each decision's ``winning_bid`` is the actor's bid level (the b_t of Eq. 2 of
+    MPT); the other rules record 0 at every step."""
 
     @classmethod
     def from_config(cls, config: CoordinationConfig) -> CoordinationRule:

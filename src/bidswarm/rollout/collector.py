@@ -135,7 +135,7 @@ class Collector:
         with timed(timings, "rollout"):
             seeds = rng.sample(self.train_seeds, self.rl.envs_per_update)
             episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == UpdateKind.bid)
-        metrics = episode_metrics(episodes, swarm.roles)
+        metrics = episode_metrics(episodes, swarm.roles, self.loop.winning_bid_levels)
         batches: list[ActionBatch] | list[BidBatch]
         if kind == UpdateKind.action:
             with timed(timings, "credit"):

@@ -48,7 +48,7 @@ def evaluate(
             episodes += loop.run(worlds[start : start + batch_size], rng, generator)
     world_rewards = per_world_means([e.total_reward for e in episodes], [e.seed for e in episodes])
     reward = summarize(list(world_rewards.values()))
-    metrics = episode_metrics(episodes, loop.swarm.roles) | {
+    metrics = episode_metrics(episodes, loop.swarm.roles, loop.winning_bid_levels) | {
         "reward/mean": reward.mean,
         "reward/se": reward.se,
         "reward/ci_low": reward.ci_low,

@@ -65,6 +65,12 @@ class RolloutLoop:
         self.dropout = dropout
         self._pool: list[TextEnv] = []
 
+    @property
+    def winning_bid_levels(self) -> list[float] | None:
+        """The levels the rule's winning bids take (the swarm's bid levels); None when the rule
+        records no winning bid (``winning_bid`` 0 at every step says nothing of the bids)."""
+        return self.swarm.bid_levels if self.coordination.records_winning_bids else None
+
     def envs(self, n: int) -> list[TextEnv]:
         """``n`` environment objects, reused across calls (building one can be costly)."""
         while len(self._pool) < n:

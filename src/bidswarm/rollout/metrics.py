@@ -8,14 +8,19 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from bidswarm import metric_names as names
 from bidswarm.envs.base import role_name
 from bidswarm.rollout.records import Episode
 from bidswarm.statistics import summarize
 
 
-def episode_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[str, float]:
-    """Means over ``episodes`` of reward (with its SE) and every task metric, and who acted how
-    often; ``roles[i]`` is agent ``i``'s role."""
+def episode_metrics(
+    episodes: list[Episode], roles: list[str | None], bid_levels: list[float] | None = None
+) -> dict[str, float]:
+    """Means over ``episodes`` of reward (with its SE) and every task metric, who acted how
+    often, and with ``bid_levels`` (the levels of the rule's winning bids; None for a rule that
+    records none, :attr:`RolloutLoop.winning_bid_levels`) the winning bids per role
+    (:func:`winning_bid_metrics`); ``roles[i]`` is agent ``i``'s role."""
     reward = summarize([e.total_reward for e in episodes]) if episodes else None
     metrics = {
         "reward/mean": reward.mean if reward else 0.0,
@@ -37,6 +42,28 @@ def episode_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[st
     metrics |= participation_at_decisions(episodes, roles)
     contested = sum(s.contested for e in episodes for s in e.steps)
     metrics["contested_fraction"] = contested / max(total_acting, 1)
+    if bid_levels is not None:
+        metrics |= winning_bid_metrics(episodes, roles, bid_levels)
+    return metrics
+
+
+def winning_bid_metrics(
+    episodes: list[Episode], roles: list[str | None], bid_levels: list[float]
+) -> dict[str, float]:
+    """What bucket-brigade credit (Eq. 2 of MPT) sees: per role, over the acting steps its
+    agents won, the share won at each non-zero bid level (``bids/winning/<role>/<level>``,
+    level as ``0.8``; a zero bid never wins: all-zero bids skip) and the mean winning bid
+    (``bids/winning/<role>/mean``). A role that acted at no step gets none."""
+    won: dict[str, list[float]] = {}
+    for step in (s for e in episodes for s in e.steps if s.actor is not None):
+        won.setdefault(role_name(roles[step.actor]), []).append(step.decision.winning_bid)
+    metrics = {}
+    for role, bids in sorted(won.items()):
+        counts = Counter(bids)
+        prefix = f"{names.WINNING_BIDS}/{role}"
+        for level in (level for level in bid_levels if level > 0):
+            metrics[f"{prefix}/{level:g}"] = counts[level] / len(bids)
+        metrics[f"{prefix}/mean"] = sum(bids) / len(bids)
     return metrics
 
 
