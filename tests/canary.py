@@ -38,6 +38,7 @@ OVERRIDES = (
     "rl.action_updates=2",
     "rl.bid_updates=1",
     "rl.envs_per_update=8",
+    "rl.bid_envs_per_update=16",
     "rl.fork_budget=8",
 )
 """What the canary runs: ``python -m bidswarm.train`` with these overrides (~20 s on 2 cores)."""

@@ -11,9 +11,11 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from bidswarm.config import (
     BidSlotWithoutBids,
+    ModelConfig,
     RLConfig,
     SFTConfig,
     SFTMatch,
+    TrainConfig,
     register_configs,
     validate,
 )
@@ -73,13 +75,25 @@ def test_default_config_is_the_paper_setting():
     assert cfg.sft.lr == cfg.model.sft_lr and cfg.rl.lr == cfg.model.rl_lr
 
 
-def test_the_budget_rules_default_to_matched_passes_and_action_updates_in_yaml_and_schema():
-    written = OmegaConf.load(CONF / "train.yaml")
-    assert written.sft.match == SFTConfig().match == SFTMatch.action_passes
-    assert written.rl.bid_slot_without_bids == RLConfig().bid_slot_without_bids
-    assert RLConfig().bid_slot_without_bids == BidSlotWithoutBids.skip
+@pytest.mark.parametrize("section", ["sft", "rl", "eval"])
+def test_the_schema_defaults_are_the_values_train_yaml_writes(section):
+    """One truth for defaults: a reader of ``config.py`` sees the method ``make train`` runs.
+    A value that ``train.yaml`` reads from the model (``${model.sft_lr}``) must be the schema
+    default of that model field."""
+    written = OmegaConf.to_container(OmegaConf.load(CONF / "train.yaml")[section])
+    schema = OmegaConf.structured(TrainConfig)[section]
+    model = OmegaConf.structured(ModelConfig)
+    for key, value in written.items():
+        if isinstance(value, str) and value.startswith("${model."):
+            value = model[value.removeprefix("${model.").removesuffix("}")]
+        assert schema[key] == value, f"{section}.{key}: train.yaml {value!r}, schema {schema[key]!r}"
+
+
+def test_the_budget_rules_default_to_matched_passes_and_action_updates():
     cfg = compose_train([])
     assert (cfg.sft.match, cfg.rl.bid_slot_without_bids) == ("action_passes", "skip")
+    assert SFTConfig().match == SFTMatch.action_passes
+    assert RLConfig().bid_slot_without_bids == BidSlotWithoutBids.skip
 
 
 @pytest.mark.parametrize(

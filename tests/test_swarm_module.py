@@ -126,7 +126,7 @@ def test_credit_is_the_collectors_step_and_batches_are_per_agent(module):
 
 def test_the_collector_hands_over_batches_metrics_and_counts_what_it_trains(module):
     collector = module.collector
-    collector.rl = RLConfig(envs_per_update=2, fork_budget=2)
+    collector.rl = RLConfig(envs_per_update=2, bid_envs_per_update=3, fork_budget=2)
     try:
         before = collector.usage.train_tokens
         action = collector.collect(update=0)
@@ -138,6 +138,7 @@ def test_the_collector_hands_over_batches_metrics_and_counts_what_it_trains(modu
         assert action.metrics["tokens/train"] == float(collector.usage.train_tokens)
         bid = collector.collect(update=4)
         assert bid.kind == UpdateKind.bid and all(isinstance(b, BidBatch) for b in bid.batches)
+        assert bid.metrics["episodes"] == 3.0  # rl.bid_envs_per_update worlds
         assert bid.metrics["forks/pairs"] == sum(len(b.prompt_ids) for b in bid.batches)
         again = collector.collect(update=0)  # randomness from (seed, rank, update): replayed
         assert [b.credit for b in again.batches] == [b.credit for b in action.batches]

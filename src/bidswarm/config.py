@@ -298,7 +298,7 @@ class SFTConfig:
     epochs: int = 2
     lr: float = 1e-5
     batch_size: int = 16
-    demo_episodes: int = 32
+    demo_episodes: int = 24
     """Scripted-expert episodes (training seeds) that provide the demonstrations."""
     weight_decay: float = 0.0
     """AdamW weight decay of the SFT optimizer."""
@@ -317,7 +317,7 @@ class SFTConfig:
 class RLConfig:
     """MPT training (PAPER.md sections 3-5)."""
 
-    cycles: int = 10
+    cycles: int = 12
     """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates."""
     action_updates: int = 4
     bid_updates: int = 1
@@ -325,7 +325,13 @@ class RLConfig:
     """[ours] A rule without contested steps leaves the bid slots empty (``skip``: every arm
     makes ``cycles x action_updates`` action updates) or fills them with action updates
     (``action``) (:class:`BidSlotWithoutBids`)."""
-    envs_per_update: int = 8
+    envs_per_update: int = 16
+    """Training worlds each action update plays."""
+    bid_envs_per_update: int | None = 48
+    """[ours] Training worlds each bid update plays before it forks their contested steps (None:
+    ``envs_per_update``). Most forks tie and the pairs' weights are below 1, so a bid update
+    needs more episodes than an action update for a usable batch of pairs (the default job:
+    ~6 effective pairs from 16 worlds, ``forks/effective_pairs``)."""
     lr: float = 1e-6
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -336,7 +342,7 @@ class RLConfig:
     """The most tokens (rows x longest row) one learner forward sees: each agent's batch is
     split into micro-batches with gradient accumulation (the same update, up to float rounding),
     so peak memory is set by this budget, not by envs x decisions."""
-    fork_budget: int = 2
+    fork_budget: int = 8
     """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
     fork_steps: ForkSteps = ForkSteps.all
     """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
@@ -367,7 +373,7 @@ class EvalConfig:
     """Held-out evaluation (mean +- SE over held-out seeds x runs)."""
 
     enabled: bool = True
-    runs_per_seed: int = 1
+    runs_per_seed: int = 3
     max_seeds: int | None = None
     before_rl: bool = True
     every: int | None = None
@@ -797,6 +803,13 @@ def _rl_problems(cfg: Any, problems: Problems) -> None:
         rl.envs_per_update,
         f"must be in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
     )
+    if rl.bid_envs_per_update is not None:
+        problems.require(
+            1 <= rl.bid_envs_per_update <= cfg.task.n_train_seeds,
+            "rl.bid_envs_per_update",
+            rl.bid_envs_per_update,
+            f"must be null or in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
+        )
     problems.positive("rl.lr", rl.lr)
     problems.non_negative("rl.weight_decay", rl.weight_decay)
     problems.non_negative("rl.grad_clip", rl.grad_clip)

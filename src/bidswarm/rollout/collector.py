@@ -4,8 +4,9 @@ Update ``u`` of a cycle of ``rl.action_updates + rl.bid_updates`` is an action u
 update (:meth:`Collector.update_kind`); a rule without contested steps has no bid updates, and
 by default (``rl.bid_slot_without_bids=skip``) its cycles are only the ``rl.action_updates``
 action updates, so every arm makes the same number of action updates
-(:attr:`Collector.total_updates`). For either kind, the collector draws ``rl.envs_per_update``
-training worlds and plays them in lock-step (``RolloutLoop.run``); then
+(:attr:`Collector.total_updates`). The collector draws ``rl.envs_per_update`` training worlds
+(a bid update: ``rl.bid_envs_per_update``) and plays them in lock-step (``RolloutLoop.run``);
+then
 
 - action update: the configured credit rule over each episode's acting steps (Eq. 2), grouped
   into one :class:`~bidswarm.rollout.batches.ActionBatch` per agent that acted;
@@ -125,6 +126,12 @@ class Collector:
         action = cycles * self.rl.action_updates + min(rest, self.rl.action_updates)
         return {names.UPDATES_ACTION: float(action), names.UPDATES_BID: float(made - action)}
 
+    def worlds_per_update(self, kind: UpdateKind) -> int:
+        """How many training worlds an update of ``kind`` plays."""
+        if kind == UpdateKind.bid and self.rl.bid_envs_per_update is not None:
+            return self.rl.bid_envs_per_update
+        return self.rl.envs_per_update
+
     def collect(self, update: int, rank: int = 0) -> Collected:
         """Fresh episodes for ``update`` on process ``rank`` -> per-agent batches + metrics."""
         kind = self.update_kind(update)
@@ -133,7 +140,7 @@ class Collector:
         rng, generator = seeded_randomness(f"{self.seed}/{rank}/{update}", device)
         timings: dict[str, float] = {}
         with timed(timings, "rollout"):
-            seeds = rng.sample(self.train_seeds, self.rl.envs_per_update)
+            seeds = rng.sample(self.train_seeds, self.worlds_per_update(kind))
             episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == UpdateKind.bid)
         metrics = episode_metrics(episodes, swarm.roles, self.loop.winning_bid_levels)
         batches: list[ActionBatch] | list[BidBatch]
