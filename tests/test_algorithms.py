@@ -20,12 +20,14 @@ from bidswarm.algorithms import (
     draw_below,
     episode_return_credit,
     fork_preference,
+    make_credit,
     random_bid_credit,
     reinforce_loss,
     rejection_keep_probability,
     reward_to_go_credit,
     run_auction,
 )
+from bidswarm.algorithms.credit import ReadEdge
 
 BID_LEVELS = (0.0, 0.2, 0.4, 0.6, 0.8)
 
@@ -166,25 +168,42 @@ def test_reward_to_go_equals_bucket_brigade_with_every_bid_passing_all_upstream(
         assert credits[step] == pytest.approx(value, abs=1e-9)
 
 
-def test_credit_rules_share_one_signature() -> None:
+def credit_rule(name: str):
+    """The registered rule ``name`` with its schema's defaults."""
+    rule = CREDIT_RULES[name]
+    return make_credit(rule.Config(name=name))
+
+
+@pytest.mark.parametrize("name", sorted(CREDIT_RULES))
+def test_credit_rules_share_one_signature(name) -> None:
+    """Whatever the registry holds: built from its config, a rule takes the uniform arguments
+    and returns one credit per acting step and what it discarded; a rule that draws no
+    randomness gives the same credits from any ``rng``; one that reads no memory ignores it."""
+    rule = credit_rule(name)
+    assert rule.name == name
     rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    assert set(CREDIT_RULES) == {
-        "bucket_brigade",
-        "random",
-        "episode_return",
-        "reward_to_go",
-        "memory_tree",
-    }
-    assert CREDIT_RULES["reward_to_go"](
+    credits, lost = rule(rewards, bids, random.Random(0), BID_LEVELS)
+    assert len(credits) == len(rewards) and all(math.isfinite(c) for c in [*credits, lost])
+    assert rule([], [], random.Random(0), BID_LEVELS) == ([], 0.0)
+    if not rule.draws_randomness:
+        assert rule(rewards, bids, random.Random(9), BID_LEVELS) == (credits, lost)
+    if not rule.reads_memory:
+        reads = [[], [ReadEdge(0, 1.0)], [ReadEdge(1, 2.0)]]
+        assert rule(rewards, bids, random.Random(0), BID_LEVELS, reads) == (credits, lost)
+
+
+def test_each_credit_rule_applies_its_equation() -> None:
+    rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
+    assert credit_rule("reward_to_go")(
         rewards, bids, random.Random(0), BID_LEVELS
     ) == reward_to_go_credit(rewards)
-    assert CREDIT_RULES["bucket_brigade"](
+    assert credit_rule("bucket_brigade")(
         rewards, bids, random.Random(0), BID_LEVELS
     ) == bucket_brigade_credit(rewards, bids)
-    assert CREDIT_RULES["random"](rewards, bids, random.Random(3), BID_LEVELS) == random_bid_credit(
+    assert credit_rule("random")(rewards, bids, random.Random(3), BID_LEVELS) == random_bid_credit(
         rewards, random.Random(3), BID_LEVELS
     )
-    assert CREDIT_RULES["episode_return"](
+    assert credit_rule("episode_return")(
         rewards, bids, random.Random(0), BID_LEVELS
     ) == episode_return_credit(rewards)
 

@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import OmegaConfBaseException
 
+from bidswarm.algorithms.credit import CREDIT_RULES
 from bidswarm.config import (
     ConfigError,
     check_machine,
@@ -19,6 +20,7 @@ from bidswarm.config import (
     register_configs,
     validate,
 )
+from bidswarm.coordination import RULES
 from conftest import CONF, ROOT
 
 register_configs()
@@ -191,6 +193,36 @@ def test_invalid_value_is_refused_naming_key_value_and_what_is_allowed(
         assert allowed in message, f"{allowed!r} not said in {message}"
 
 
+RULE_PARAMETERS = [
+    (section, name, key, allowed.refuses)
+    for section, registry in (("coordination", RULES), ("credit", CREDIT_RULES))
+    for name, rule in sorted(registry.items())
+    for key, allowed in rule.parameters()
+]
+"""Every declared parameter of every registered rule, with a value its check refuses."""
+
+
+@pytest.mark.parametrize(
+    "section, name, key, refused",
+    RULE_PARAMETERS,
+    ids=[f"{s}={n} {s}.{k}={v!r}" for s, n, k, v in RULE_PARAMETERS],
+)
+def test_a_bad_value_of_any_rule_parameter_is_refused_naming_the_key(section, name, key, refused):
+    cfg = compose_train([f"{section}={name}"])
+    validate(cfg)  # the rule's YAML is fine as it is
+    cfg[section][key] = refused
+    with pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert any(
+        line.strip().startswith(f"{section}.{key}=") for line in str(error.value).splitlines()
+    ), str(error.value)
+
+
+def test_a_rule_name_whose_parameters_the_yaml_lacks_is_refused():
+    message = refusal(["coordination=auction", "coordination.name=agentnet"])
+    assert "coordination.name='agentnet'" in message and "coordination=agentnet" in message
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("trainer", ["gpu", "deepspeed_stage_2", "multinode"])
 def test_gpu_trainer_without_cuda_is_refused_by_the_machine_check(trainer):
@@ -255,6 +287,12 @@ def test_cli_refuses_bad_values_fast_and_makes_no_folder(tmp_path):
             "model.tiny.hidden_size=63: must be a multiple of model.tiny.num_heads (4)",
         ],
         ("task=nonexistent",): ["task=nonexistent: no such option; choose one of"],
+        ("coordination=agentnet", "coordination.keep_bid=2"): [
+            "coordination.keep_bid=2.0: must lie in [0, 1]"
+        ],
+        ("credit=memory_tree", "credit.base=random"): [
+            "credit.base='random': choose one of ['bucket_brigade', 'episode_return'"
+        ],
     }
     for overrides, expected in cases.items():
         result = subprocess.run(

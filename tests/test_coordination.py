@@ -3,6 +3,7 @@ loop sampling exactly what each rule declares it needs (tiny real agents)."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -63,12 +64,35 @@ def test_agentnet_reads_its_thresholds_and_memory_size_from_its_yaml():
     assert rule.memory.entries.maxlen == config.memory_size == 2048
 
 
-def test_what_each_rule_asks_the_collector_for():
-    assert [n for n, r in sorted(RULES.items()) if r.asks_bids] == ["agentnet", "auction"]
-    assert [n for n, r in RULES.items() if r.asks_proposals] == ["graph_of_agents"]
-    assert [n for n, r in RULES.items() if r.reads_observations] == ["agentnet"]
-    assert [n for n, r in RULES.items() if r.makes_contested_steps] == ["auction"]
-    assert [n for n, r in RULES.items() if r.monolithic] == ["monolithic"]
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_what_each_rule_asks_the_collector_for(name):
+    """What a rule declares is consistent, whatever rule the registry holds."""
+    rule_class = RULES[name]
+    assert rule_class.name == name
+    rule = rule_class.from_config(rule_class.Config(name=name))
+    if not rule.asks_bids:
+        assert rule.bidders(situation(n=3)) == []  # no bids asked: nobody named to bid
+    if rule.makes_contested_steps:  # a contested step is one where bids compete (Eq. 3)
+        assert rule.asks_bids and rule.records_winning_bids
+    if rule.records_winning_bids:
+        assert rule.asks_bids
+    if rule.monolithic:  # a single agent owns every role: there is nobody to bid against
+        assert not (rule.asks_bids or rule.asks_proposals)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_every_parameter_of_every_rule_is_checked(name):
+    """Each field of a rule's schema has declared allowed values, and each declared value the
+    check refuses is refused (``tests/test_config_errors.py`` runs them through ``validate``)."""
+    rule = RULES[name]
+    fields = {f.name for f in dataclasses.fields(rule.Config)} - {"name"}
+    declared = [parameter.key for parameter in rule.parameters()]
+    assert set(declared) == fields
+    for key, allowed in rule.parameters():
+        assert not allowed.accepts(allowed.refuses), (key, allowed.refuses)
+        config = rule.Config(name=name, **{key: allowed.refuses})
+        assert any(line.startswith(f"coordination.{key}=") for line in rule.problems(config))
+    assert rule.problems(rule.Config(name=name)) == []  # the schema's defaults are allowed
 
 
 # -- the auction (Eq. 1) -----------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """The package's layers read bottom-up and no import closes a circle (read from the source with
 ``ast``: every import, also the ones inside functions, counts).
 
-Bottom: ``algorithms`` (pure math), ``envs``, ``statistics``, ``plots``; then the coordination
-rules (pure decisions: they import no collector, no model, no torch); ``config``; ``agents``
-and ``tracking``; ``rollout`` (the collector); ``lit`` (the learners); ``run``, ``train``,
-``evaluate`` and ``report`` on top. A module may import its own layer's package or any
-lower layer.
+Bottom: ``checks`` (the ``key=value: what is allowed`` lines every config check writes); then
+``algorithms`` (pure math), ``envs``, ``statistics``, ``plots``; then the coordination rules
+(pure decisions: they import no collector, no model, no torch); ``config`` (its schemas and
+validation import no torch either); ``agents`` and ``tracking``; ``rollout`` (the collector);
+``lit`` (the learners); ``run``, ``train``, ``evaluate`` and ``report`` on top. A module may
+import its own layer's package or any lower layer.
 """
 
 from __future__ import annotations
@@ -17,24 +18,25 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "src" / "bidswarm"
 LAYERS = {
-    "algorithms": 0,
-    "envs": 0,
-    "statistics": 0,
-    "plots": 0,
-    "metric_names": 0,
-    "console": 0,
-    "coordination": 1,
-    "config": 2,
-    "agents": 3,
-    "tracking": 3,
-    "rollout": 4,
-    "lit": 5,
-    "transcripts": 5,
-    "run": 6,
-    "train": 7,
-    "evaluate": 7,
-    "report": 7,
-    "sweep": 8,
+    "checks": 0,
+    "algorithms": 1,
+    "envs": 1,
+    "statistics": 1,
+    "plots": 1,
+    "metric_names": 1,
+    "console": 1,
+    "coordination": 2,
+    "config": 3,
+    "agents": 4,
+    "tracking": 4,
+    "rollout": 5,
+    "lit": 6,
+    "transcripts": 6,
+    "run": 7,
+    "train": 8,
+    "evaluate": 8,
+    "report": 8,
+    "sweep": 9,
 }
 """The layer of each top-level module or package of ``bidswarm``."""
 
@@ -142,8 +144,14 @@ def third_party(path: Path) -> set[str]:
 def test_coordination_rules_are_pure_decisions_and_algorithms_pure_math():
     for path in (PACKAGE / "coordination").glob("*.py"):
         assert not third_party(path) & {"torch", "transformers", "lightning"}, path.name
-    for path in (PACKAGE / "algorithms").glob("*.py"):
+    for path in (PACKAGE / "algorithms").rglob("*.py"):
         assert not third_party(path) & {"transformers", "lightning", "hydra"}, path.name
+
+
+def test_config_schemas_and_validation_import_no_torch():
+    # Only the machine check (config/machine.py) asks torch itself.
+    for path in (PACKAGE / "config").glob("*.py"):
+        assert "torch" not in third_party(path) or path.name == "machine.py", path.name
 
 
 def test_the_learner_never_reaches_into_the_collector():

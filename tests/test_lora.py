@@ -11,6 +11,7 @@ import torch
 
 from bidswarm.agents.population import LORA_BASE_FOLDER, POPULATION_FILE, Population
 from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.algorithms.credit import CreditConfig, make_credit
 from bidswarm.algorithms.losses import reinforce_loss
 from bidswarm.config import RLConfig
 from bidswarm.coordination import Auction
@@ -165,7 +166,9 @@ def learner_of(population: Population) -> SwarmModule:
         Swarm(population, prompts, 3, 6, 1.0),
         Auction(),
     )
-    collector = Collector(loop, RLConfig(), "bucket_brigade", env.train_seeds(), seed=0)
+    collector = Collector(
+        loop, RLConfig(), make_credit(CreditConfig("bucket_brigade")), env.train_seeds(), seed=0
+    )
     return SwarmModule(population, collector, RLConfig(), temperature=1.0)
 
 

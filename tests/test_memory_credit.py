@@ -10,10 +10,11 @@ from hydra import compose, initialize_config_dir
 
 from bidswarm.algorithms.credit import (
     CREDIT_RULES,
-    MemoryTreeRule,
+    CreditConfig,
     bucket_brigade_credit,
-    make_credit_rule,
+    make_credit,
 )
+from bidswarm.algorithms.credit.memory_tree import MemoryTree, MemoryTreeConfig
 from bidswarm.config import ConfigError, register_configs, validate
 from bidswarm.coordination.base import Decision
 from bidswarm.envs.memory import MemoryTrace, Note, Read
@@ -71,21 +72,25 @@ def test_a_note_from_before_the_episode_has_no_writer_here():
 
 
 def test_the_registry_builds_the_tree_rule_from_the_credit_config():
-    rule = make_credit_rule("memory_tree", base="bucket_brigade", memory_share=0.25)
-    assert rule == MemoryTreeRule(memory_share=0.25)
-    assert make_credit_rule("bucket_brigade") is CREDIT_RULES["bucket_brigade"]
+    rule = make_credit(tree_config(base="bucket_brigade", memory_share=0.25))
+    assert rule.config == tree_config(memory_share=0.25)
+    assert type(make_credit(CreditConfig("bucket_brigade"))) is CREDIT_RULES["bucket_brigade"]
     with pytest.raises(ValueError, match=r"credit\.base"):
-        make_credit_rule("memory_tree", base="random")
-    with pytest.raises(ValueError, match="takes no parameters"):
-        make_credit_rule("random", memory_share=0.5)
+        make_credit(tree_config(base="random"))
+    with pytest.raises(ValueError, match="configured by CreditConfig"):  # takes no parameters
+        make_credit(MemoryTreeConfig("random", memory_share=0.5))
+
+
+def tree_config(**parameters) -> MemoryTreeConfig:
+    return MemoryTreeConfig("memory_tree", **parameters)
 
 
 def test_credited_batches_give_the_writer_its_share():
     episode = finder_note_episode()
-    rule = MemoryTreeRule(memory_share=0.5, temperature=1.0, max_depth=2)
+    rule = MemoryTree(tree_config(memory_share=0.5, temperature=1.0, max_depth=2))
     batches, discarded = credited_batches([episode], rule, random.Random(0), LEVELS)
     plain, plain_discarded = credited_batches(
-        [episode], CREDIT_RULES["bucket_brigade"], random.Random(0), LEVELS
+        [episode], make_credit(CreditConfig("bucket_brigade")), random.Random(0), LEVELS
     )
     roots, lost = bucket_brigade_credit([0.0, 0.0, 0.0, 1.0], [0.8, 0.8, 0.8, 0.6])
     assert discarded == plain_discarded == pytest.approx(lost)
@@ -101,7 +106,7 @@ def test_credited_batches_give_the_writer_its_share():
 
 def test_diagnostics_per_role_and_entropy():
     episode = finder_note_episode()
-    rule = MemoryTreeRule(memory_share=0.5)
+    rule = MemoryTree(tree_config(memory_share=0.5))
     metrics = memory_tree_metrics([episode], rule, ROLES, LEVELS)
     roots, _ = bucket_brigade_credit([0.0, 0.0, 0.0, 1.0], [0.8, 0.8, 0.8, 0.6])
     assert metrics["memory/writer_share/finder"] == pytest.approx(
@@ -115,7 +120,7 @@ def test_diagnostics_per_role_and_entropy():
 
 def test_the_example_tree_is_drawn(tmp_path):
     path = draw_example_tree(
-        [finder_note_episode()], MemoryTreeRule(), ROLES, LEVELS, tmp_path / "tree.png"
+        [finder_note_episode()], MemoryTree(), ROLES, LEVELS, tmp_path / "tree.png"
     )
     assert path.read_bytes()[:4] == b"\x89PNG"
 

@@ -1,4 +1,4 @@
-"""Tree credit over a shared memory (``algorithms/memory_tree.py``): properties and examples."""
+"""Tree credit over a shared memory (``algorithms/credit/memory_tree.py``): properties, examples."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bidswarm.algorithms.credit import bucket_brigade_credit
-from bidswarm.algorithms.memory_tree import (
+from bidswarm.algorithms.credit.memory_tree import (
     ReadEdge,
     contribution_tree,
     edge_weights,

@@ -13,7 +13,7 @@ import torch
 
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
-from bidswarm.algorithms.credit import CREDIT_RULES, bucket_brigade_credit
+from bidswarm.algorithms.credit import CreditConfig, bucket_brigade_credit, make_credit
 from bidswarm.config import BidSlotWithoutBids, ModelConfig, RLConfig, TinyArchConfig
 from bidswarm.coordination import Auction, Decision
 from bidswarm.coordination.fixed import RoundRobin
@@ -46,7 +46,9 @@ def module() -> SwarmModule:
     prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, LEVELS)
     swarm = Swarm(population, prompts, 3, 6, 1.0)
     loop = RolloutLoop(make_env, swarm, Auction())
-    collector = Collector(loop, RLConfig(), "bucket_brigade", env.train_seeds(), seed=0)
+    collector = Collector(
+        loop, RLConfig(), make_credit(CreditConfig("bucket_brigade")), env.train_seeds(), seed=0
+    )
     return SwarmModule(population, collector, RLConfig(), temperature=1.0)
 
 
@@ -112,7 +114,7 @@ def test_credit_is_the_collectors_step_and_batches_are_per_agent(module):
         Episode(1, [acting(0, 1, 0.0, module), acting(1, 1, 3.0, module)]),
     ]
     batches, discarded = credited_batches(
-        episodes, CREDIT_RULES["bucket_brigade"], random.Random(0), LEVELS
+        episodes, make_credit(CreditConfig("bucket_brigade")), random.Random(0), LEVELS
     )
     assert [b.agent for b in batches] == [0, 1]  # agent 2 never acted: no batch
     first, first_lost = bucket_brigade_credit([5.0, 0.0], [0.4, 0.4])
@@ -154,7 +156,7 @@ def test_action_gradient_reaches_only_agents_whose_credit_varies(module):
         Episode(1, [acting(0, 0, 0.0, module), acting(1, 1, 0.0, module)]),
     ]
     batches, _ = credited_batches(
-        episodes, CREDIT_RULES["bucket_brigade"], random.Random(0), LEVELS
+        episodes, make_credit(CreditConfig("bucket_brigade")), random.Random(0), LEVELS
     )
     assert [b.agent for b in batches] == [0, 1]
     for batch in batches:
@@ -321,10 +323,11 @@ def test_a_rule_without_bids_makes_the_auctions_action_updates_unless_told_to_fi
     auction's cycles x action_updates action updates; ``action`` fills each slot (old count)."""
     rl = RLConfig(cycles=3, bid_slot_without_bids=bid_slot)
     seeds = make_env().train_seeds()
+    credit = make_credit(CreditConfig("bucket_brigade"))
     rotation = Collector(
-        RolloutLoop(make_env, loop_of(module).swarm, RoundRobin()), rl, "bucket_brigade", seeds, 0
+        RolloutLoop(make_env, loop_of(module).swarm, RoundRobin()), rl, credit, seeds, 0
     )
-    auction = Collector(loop_of(module), rl, "bucket_brigade", seeds, seed=0)
+    auction = Collector(loop_of(module), rl, credit, seeds, seed=0)
     assert rotation.total_updates == updates
     assert {rotation.update_kind(u) for u in range(updates)} == {UpdateKind.action}
     assert rotation.updates_made(updates - 1) == {"updates/action": updates, "updates/bid": 0}

@@ -86,8 +86,8 @@ TREE_COLOURS = {"root": "#f4d35e", "action": "#a8dadc", "read": "#e5e5e5", "writ
 def plot_contribution_tree(
     nodes: Sequence[Any], labels: Sequence[str], path: Path, title: str
 ) -> Path:
-    """A contribution tree (``algorithms.memory_tree.contribution_tree`` nodes, parents before
-    children) top-down: root, the actor's action and its reads, the notes' writers below."""
+    """A contribution tree (``algorithms.credit.memory_tree.contribution_tree`` nodes, parents
+    before children) top-down: root, the actor's action and its reads, the notes' writers below."""
     children: dict[int, list[int]] = {}
     for index, node in enumerate(nodes):
         if node.parent is not None:

@@ -35,7 +35,7 @@ from bidswarm.agents.population import (
     agent_folder_name,
 )
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.algorithms.credit import make_credit_rule
+from bidswarm.algorithms.credit import CreditRule, make_credit
 from bidswarm.config import check_machine, validate
 from bidswarm.coordination import RULES, make_coordination
 from bidswarm.envs import env_class, make_env
@@ -424,6 +424,7 @@ class Run:
     loop: RolloutLoop
     demonstrations: list[Demonstration]
     logger: Logger
+    credit: CreditRule
     state: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
 
@@ -456,7 +457,8 @@ class Run:
             )
         loop = build_rollout_loop(cfg, population, budget_demonstrations=budget_demos)
         logger = make_logger(cfg, run_dir, state.get("mlflow_run_id"))
-        run = cls(cfg, run_dir, env, population, loop, demos, logger, state)
+        credit = make_credit(OmegaConf.to_object(cfg.credit))  # built once, used everywhere
+        run = cls(cfg, run_dir, env, population, loop, demos, logger, credit, state)
         run.record_start()
         return run
 
@@ -536,7 +538,7 @@ class Run:
         (heldout / f"{key}_worlds.json").write_text(json.dumps(worlds, indent=1) + "\n")
         self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>_worlds.json
         self.log_transcripts(key, evaluation.episodes)
-        if self.cfg.credit.name == "memory_tree":  # docs/memory.md: one example tree per evaluation
+        if self.credit.reads_memory:  # docs/memory.md: one example tree per evaluation
             self.log_artifact(self.draw_memory_tree(evaluation.episodes, key))
         console.say(
             f"[bidswarm] {key}: held-out reward {metrics['reward/mean']:.2f} "
@@ -554,14 +556,8 @@ class Run:
         raises :class:`RunInterrupted` after a stop signal, once the update in progress is
         done and checkpointed.
         """
-        credit = OmegaConf.to_container(self.cfg.credit)
         collector = Collector(
-            self.loop,
-            self.cfg.rl,
-            credit.pop("name"),
-            self.env.train_seeds(),
-            self.cfg.seed,
-            credit_parameters=credit,
+            self.loop, self.cfg.rl, self.credit, self.env.train_seeds(), self.cfg.seed
         )
         module = SwarmModule(self.population, collector, self.cfg.rl, self.cfg.model.temperature)
         checkpoint = CrashSafeCheckpoint(
@@ -689,14 +685,13 @@ class Run:
         sampled = transcripts.sample_episodes(
             episodes, transcripts.EPISODES_PER_EVALUATION, self.cfg.seed
         )
-        rule = make_credit_rule(**OmegaConf.to_container(self.cfg.credit))
         levels = self.loop.swarm.bid_levels
         written = [
             transcripts.transcript(
                 episode,
                 f"{key} episode {n}",
                 self.loop.swarm.roles,
-                transcripts.credits_of(episode, rule, levels, self.cfg.seed),
+                transcripts.credits_of(episode, self.credit, levels, self.cfg.seed),
             )
             for n, episode in enumerate(sampled)
         ]
@@ -707,7 +702,7 @@ class Run:
         """``memory_tree_<key>.png``: the contribution tree of one evaluation step."""
         return draw_example_tree(
             episodes,
-            make_credit_rule(**OmegaConf.to_container(self.cfg.credit)),
+            self.credit,
             self.loop.swarm.roles,
             self.loop.swarm.bid_levels,
             self.run_dir / f"memory_tree_{key}.png",

@@ -6,9 +6,11 @@ from __future__ import annotations
 from bidswarm.algorithms.auction import AuctionOutcome, run_auction
 from bidswarm.algorithms.credit import (
     CREDIT_RULES,
+    CreditConfig,
     CreditRule,
     bucket_brigade_credit,
     episode_return_credit,
+    make_credit,
     random_bid_credit,
     reward_to_go_credit,
 )
@@ -23,6 +25,7 @@ from bidswarm.algorithms.resampling import draw_below, rejection_keep_probabilit
 __all__ = [
     "CREDIT_RULES",
     "AuctionOutcome",
+    "CreditConfig",
     "CreditRule",
     "Normalization",
     "bradley_terry_loss",
@@ -30,6 +33,7 @@ __all__ = [
     "draw_below",
     "episode_return_credit",
     "fork_preference",
+    "make_credit",
     "random_bid_credit",
     "reinforce_loss",
     "rejection_keep_probability",

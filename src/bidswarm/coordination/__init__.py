@@ -1,23 +1,26 @@
 """Coordination rules: who acts each step, as pure decisions (see ``coordination/base.py``).
 
 ``RULES`` maps the ``coordination.name`` of a YAML in ``conf/coordination/`` to its rule class.
+Each rule registers itself (``@register("<name>")``); importing this package imports every
+module in it, so a new rule is one new module here and its YAML, nothing else.
 """
 
 from __future__ import annotations
 
-from bidswarm.coordination.agentnet import AgentNet
-from bidswarm.coordination.auction import Auction
-from bidswarm.coordination.base import CoordinationConfig, CoordinationRule, Decision, Situation
-from bidswarm.coordination.fixed import Monolithic, RoundRobin
-from bidswarm.coordination.graph_of_agents import GraphOfAgents
+import importlib
+import pkgutil
 
-RULES: dict[str, type[CoordinationRule]] = {
-    "auction": Auction,
-    "round_robin": RoundRobin,
-    "monolithic": Monolithic,
-    "graph_of_agents": GraphOfAgents,
-    "agentnet": AgentNet,
-}
+from bidswarm.coordination.base import (
+    RULES,
+    CoordinationConfig,
+    CoordinationRule,
+    Decision,
+    Situation,
+    register,
+)
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def make_coordination(config: CoordinationConfig) -> CoordinationRule:
@@ -32,4 +35,5 @@ __all__ = [
     "Decision",
     "Situation",
     "make_coordination",
+    "register",
 ]

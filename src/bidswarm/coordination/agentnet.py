@@ -31,7 +31,14 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-from bidswarm.coordination.base import CoordinationConfig, CoordinationRule, Decision, Situation
+from bidswarm.checks import Parameter, at_least, unit_interval
+from bidswarm.coordination.base import (
+    CoordinationConfig,
+    CoordinationRule,
+    Decision,
+    Situation,
+    register,
+)
 
 _WORD = re.compile(r"\w+")
 
@@ -99,6 +106,7 @@ class AgentNetConfig(CoordinationConfig):
     """Token overlap (Jaccard) a stored step needs to vote."""
 
 
+@register("agentnet")
 class AgentNet(CoordinationRule):
     """The holder keeps the task or forwards it, helped by a memory of successful steps."""
 
@@ -110,6 +118,16 @@ class AgentNet(CoordinationRule):
         config = config or AgentNetConfig(name="agentnet")
         self.keep_bid = config.keep_bid
         self.memory = SuccessMemory(config.memory_size, config.neighbours, config.min_overlap)
+
+    @classmethod
+    def parameters(cls) -> list[Parameter]:
+        return [
+            *super().parameters(),
+            Parameter("keep_bid", unit_interval()),  # a bid level: 0 always keeps
+            Parameter("memory_size", at_least(1)),
+            Parameter("neighbours", at_least(1)),
+            Parameter("min_overlap", unit_interval()),  # a Jaccard overlap
+        ]
 
     @classmethod
     def from_config(cls, config: AgentNetConfig) -> AgentNet:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import random
 
 from bidswarm.algorithms.auction import run_auction
-from bidswarm.coordination.base import CoordinationRule, Decision, Situation
+from bidswarm.coordination.base import CoordinationRule, Decision, Situation, register
 
 
+@register("auction")
 class Auction(CoordinationRule):
     """Every present agent bids in every env; the highest bid acts, ties uniform, all-zero
     skips. An absent agent makes no bid: it counts as 0, which never wins nor runs up."""

@@ -7,17 +7,24 @@ exactly that, batched per agent over environments, and hands it over as one
 :class:`Situation` per environment. The rule returns one :class:`Decision` per environment,
 using only those situations, its own memory and the ``random.Random`` it is given. So every rule
 is unit-tested without any model (``tests/test_coordination.py``).
+
+A rule registers itself under its ``coordination.name`` with :func:`register` and declares its
+parameters with their allowed values (:meth:`CoordinationRule.parameters`), so that
+``config.validate`` refuses a bad value before any model loads.
 """
 
 from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
+
+from bidswarm.checks import Allowed, Parameter, at_least, parameter_problems
+from bidswarm.envs.experts import format_bid
 
 
 @dataclass
@@ -81,9 +88,45 @@ class Decision:
         return self.actor is not None and self.runner_up_bid > 0.0
 
 
+def _written_apart(levels: list[float]) -> bool:
+    written = [format_bid(b) for b in levels]
+    return len(set(written)) == len(written)
+
+
+BID_LEVELS = (
+    Parameter(
+        "bid_levels",
+        Allowed(
+            lambda levels: bool(levels) and all(0.0 <= b <= 1.0 for b in levels) and 0.0 in levels,
+            "levels must lie in [0, 1] and include 0 (pass)",
+            [0.2, 0.4],
+        ),
+    ),
+    Parameter(
+        "bid_levels",
+        Allowed(
+            lambda levels: any(b > 0 for b in levels),
+            "need a level above 0 (with only 0 every step is skipped)",
+            [0.0],
+        ),
+    ),
+    Parameter(
+        "bid_levels",
+        Allowed(
+            _written_apart,
+            "levels must differ as agents write them (one decimal, e.g. 0.2 and 0.24 are both 0.2)",
+            [0.0, 0.21, 0.24],
+        ),
+    ),
+)
+"""What every rule's ``bid_levels`` must be (PAPER.md section 2: quantized bids, 0 passes)."""
+
+
 class CoordinationRule(abc.ABC):
     """Picks the actor of every live environment from the situations the collector gathered."""
 
+    name: ClassVar[str]
+    """The ``coordination.name`` the rule is registered under (:func:`register`)."""
     Config: ClassVar[type[CoordinationConfig]] = CoordinationConfig
     """The schema of the rule's YAML (``conf/coordination/<name>.yaml``)."""
     monolithic: ClassVar[bool] = False
@@ -103,6 +146,19 @@ class CoordinationRule(abc.ABC):
     MPT); the other rules record 0 at every step."""
 
     @classmethod
+    def parameters(cls) -> list[Parameter]:
+        """Every field of :attr:`Config` (but ``name``) with its allowed values; a rule with
+        parameters extends the list (``tests/test_coordination.py`` checks that none is left
+        out and that each refused value is refused naming its key)."""
+        return [*BID_LEVELS, Parameter("replicas", at_least(1))]
+
+    @classmethod
+    def problems(cls, config: Any) -> list[str]:
+        """``coordination.<key>=<value>: what is allowed`` for each parameter of ``config`` (the
+        rule's :attr:`Config` or its ``DictConfig``) that is not allowed."""
+        return parameter_problems("coordination", config, cls.parameters())
+
+    @classmethod
     def from_config(cls, config: CoordinationConfig) -> CoordinationRule:
         """The rule configured by ``config``; rules with parameters read them here."""
         return cls()
@@ -120,3 +176,22 @@ class CoordinationRule(abc.ABC):
     ) -> None:
         """The rewards that the decided steps earned; rules with a memory override it."""
         return None  # most rules keep no state between steps
+
+
+RULES: dict[str, type[CoordinationRule]] = {}
+"""``coordination.name`` -> rule class, filled by :func:`register` as each rule's module is
+imported (``coordination/__init__.py`` imports every module of the package)."""
+
+
+def register(name: str) -> Callable[[type[CoordinationRule]], type[CoordinationRule]]:
+    """Class decorator: the rule ``coordination=<name>`` selects (``conf/coordination/<name>.yaml``
+    holds ``name: <name>``)."""
+
+    def add(rule: type[CoordinationRule]) -> type[CoordinationRule]:
+        if name in RULES and RULES[name] is not rule:
+            raise ValueError(f"two coordination rules are registered as {name!r}")
+        rule.name = name
+        RULES[name] = rule
+        return rule
+
+    return add

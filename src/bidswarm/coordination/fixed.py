@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 
-from bidswarm.coordination.base import CoordinationRule, Decision, Situation
+from bidswarm.checks import Allowed, Parameter
+from bidswarm.coordination.base import CoordinationRule, Decision, Situation, register
 
 
+@register("round_robin")
 class RoundRobin(CoordinationRule):
     """Agent ``decision mod N`` acts: the fixed rotation of hand-designed pipelines. An absent
     agent is skipped: the next present one in the rotation acts (none present: the step is
@@ -25,11 +27,21 @@ class RoundRobin(CoordinationRule):
         return None
 
 
+@register("monolithic")
 class Monolithic(CoordinationRule):
     """A population of one agent that owns every role's actions acts every step; when it has
     dropped out, the step is wasted (skipped)."""
 
     monolithic = True
+
+    @classmethod
+    def parameters(cls) -> list[Parameter]:
+        one_copy = Allowed(
+            lambda replicas: replicas == 1,
+            "must be 1 with coordination=monolithic (a single agent owns every role)",
+            2,
+        )
+        return [*super().parameters(), Parameter("replicas", one_copy)]
 
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
         for situation in situations:

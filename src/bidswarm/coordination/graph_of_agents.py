@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from bidswarm.coordination.base import CoordinationRule, Decision, Situation
+from bidswarm.coordination.base import CoordinationRule, Decision, Situation, register
 
 
 def peer_scores(
@@ -47,6 +47,7 @@ def best_proposal(values: list[float], rng: random.Random) -> int:
     return rng.choice([i for i, value in enumerate(values) if value == top])
 
 
+@register("graph_of_agents")
 class GraphOfAgents(CoordinationRule):
     """Every present agent proposes an action, the present agents score each other's proposals,
     the best acts (nobody present: the step is skipped)."""

@@ -23,7 +23,14 @@ import abc
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from bidswarm.envs.memory import MemoryConfig, MemoryTrace, SharedMemory, split_note
+from bidswarm.checks import Problems
+from bidswarm.envs.memory import (
+    MemoryConfig,
+    MemoryTrace,
+    SharedMemory,
+    memory_problems,
+    split_note,
+)
 
 MONOLITHIC = None
 """``actor_role`` of a single agent that owns every role's actions (the monolithic baseline)."""
@@ -66,6 +73,23 @@ class TaskConfig:
     heldout_seed_offset: int = 1_000_000
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
+    def problems(self) -> list[str]:
+        """``task.<key>=<value>: what is allowed`` for each field whose value cannot work, from
+        the config alone (no env is built). Each task's config extends it with its own fields
+        (``envs/<task>/config.py``); ``config.validate`` asks it before any model loads, and
+        :class:`TextEnv` refuses to build on any."""
+        problems = Problems()
+        problems.at_least("task.max_decisions", self.max_decisions, 1)
+        problems.at_least("task.n_train_seeds", self.n_train_seeds, 1)
+        problems.at_least("task.n_heldout_seeds", self.n_heldout_seeds, 1)
+        problems.require(
+            self.heldout_seed_offset >= self.n_train_seeds,
+            "task.heldout_seed_offset",
+            self.heldout_seed_offset,
+            f"must be >= task.n_train_seeds ({self.n_train_seeds}): held-out worlds are disjoint",
+        )
+        return problems + memory_problems(self.memory)
+
 
 class TextEnv(abc.ABC):
     """A multi-role text environment with restorable state (see the module docstring)."""
@@ -74,6 +98,9 @@ class TextEnv(abc.ABC):
     roles: tuple[str, ...] = ()
 
     def __init__(self, config: TaskConfig):
+        problems = config.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
         self.config = config
         self.memory = SharedMemory(config.memory)
 

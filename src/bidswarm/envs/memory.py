@@ -5,7 +5,7 @@ a turn spent writing). Every observation shows the ``top_k`` notes that score hi
 what the agent sees (token overlap, [ours]), newest first; when an agent acts, which notes its
 observation showed, with their scores, is that step's *reads*. A write and the reads of one
 step form its :class:`MemoryTrace`, recorded on the step: the tree credit rule
-(``algorithms/memory_tree.py``) sends credit from a step down its reads to the writers.
+(``algorithms/credit/memory_tree.py``) sends credit from a step down its reads to the writers.
 
 The memory is part of the environment state: :meth:`SharedMemory.state` is plain data that an
 environment's ``snapshot()`` includes, so forks carry the notes. ``size`` 0 turns it off: then

@@ -1,7 +1,7 @@
 """What the collector hands the learner: one plain batch per agent, and how it is made.
 
 An action update's batches come from the episodes by the configured credit rule (Eq. 2, the
-collector's post-processing step, chosen from ``algorithms.credit.CREDIT_RULES``); a bid
+collector's post-processing step, built once per run by ``algorithms.credit.make_credit``); a bid
 update's from the forks' preference pairs (Eq. 3).
 """
 

@@ -20,13 +20,11 @@ learner (``lit/swarm_module.py``) only turns batches into gradient steps.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from bidswarm import metric_names as names
-from bidswarm.algorithms.credit import MemoryTreeRule, make_credit_rule
+from bidswarm.algorithms.credit import CreditRule
 from bidswarm.config import BidSlotWithoutBids, RLConfig
 from bidswarm.rollout.batches import (
     ActionBatch,
@@ -62,8 +60,7 @@ class Collected:
 class Collector:
     """Collects the data of every update of the schedule from a :class:`RolloutLoop`.
 
-    credit: the ``credit.name`` of the credit rule (``algorithms.credit.CREDIT_RULES``);
-    credit_parameters: the ``credit`` config's other fields (only ``memory_tree`` has any).
+    credit_rule: the run's credit rule, built once (``algorithms.credit.make_credit``).
     train_seeds: the worlds each update draws from.
     seed: the run's seed; update ``u`` of rank ``r`` draws all its randomness from
     ``(seed, r, u)``, so a resumed run replays it exactly.
@@ -73,14 +70,13 @@ class Collector:
         self,
         loop: RolloutLoop,
         rl: RLConfig,
-        credit: str,
+        credit_rule: CreditRule,
         train_seeds: list[int],
         seed: int,
-        credit_parameters: Mapping[str, Any] | None = None,
     ):
         self.loop = loop
         self.rl = rl
-        self.credit_rule = make_credit_rule(credit, **(credit_parameters or {}))
+        self.credit_rule = credit_rule
         self.train_seeds = train_seeds
         self.seed = seed
         self.last_forks: list[ForkExample] = []
@@ -150,7 +146,7 @@ class Collector:
                     episodes, self.credit_rule, rng, swarm.bid_levels
                 )
             metrics["credit/discarded"] = discarded
-            if isinstance(self.credit_rule, MemoryTreeRule):
+            if self.credit_rule.reads_memory:  # contribution trees: their diagnostics
                 metrics |= memory_tree_metrics(
                     episodes, self.credit_rule, swarm.roles, swarm.bid_levels
                 )

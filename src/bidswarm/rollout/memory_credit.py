@@ -9,8 +9,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from bidswarm.algorithms.credit import MemoryTreeRule
-from bidswarm.algorithms.memory_tree import MemoryTreeCredit, ReadEdge, contribution_tree
+from bidswarm.algorithms.credit.memory_tree import (
+    MemoryTree,
+    MemoryTreeCredit,
+    ReadEdge,
+    contribution_tree,
+)
 from bidswarm.envs.base import MONOLITHIC, role_name
 from bidswarm.rollout.records import Episode
 
@@ -32,7 +36,7 @@ def episode_reads(episode: Episode) -> list[list[ReadEdge]]:
 
 
 def episode_tree(
-    episode: Episode, rule: MemoryTreeRule, rng: random.Random, levels: Sequence[float]
+    episode: Episode, rule: MemoryTree, rng: random.Random, levels: Sequence[float]
 ) -> MemoryTreeCredit:
     """The tree rule's result on one episode's acting steps."""
     acting = episode.acting_steps
@@ -52,7 +56,7 @@ def _role(roles: Sequence[str | None], agent: int | None) -> str:
 
 def memory_tree_metrics(
     episodes: list[Episode],
-    rule: MemoryTreeRule,
+    rule: MemoryTree,
     roles: Sequence[str | None],
     levels: Sequence[float],
 ) -> dict[str, float]:
@@ -84,7 +88,7 @@ def memory_tree_metrics(
 
 def draw_example_tree(
     episodes: list[Episode],
-    rule: MemoryTreeRule,
+    rule: MemoryTree,
     roles: Sequence[str | None],
     levels: Sequence[float],
     path: Path,
@@ -105,13 +109,14 @@ def draw_example_tree(
     if best is None:
         return plot_contribution_tree([], [], path, "no acting step to draw")
     _, episode, position, tree, reads = best
+    config = rule.config
     nodes = contribution_tree(
         position,
         tree.roots[position],
         reads,
-        rule.memory_share,
-        rule.temperature,
-        rule.max_depth,
+        config.memory_share,
+        config.temperature,
+        config.max_depth,
     )
     acting = episode.acting_steps
     labels = []
@@ -131,6 +136,6 @@ def draw_example_tree(
         labels.append(text)
     title = (
         f"world {episode.seed}: credit of step {acting[position].index} down the memory "
-        f"(share {rule.memory_share:g}, T {rule.temperature:g}, depth {rule.max_depth})"
+        f"(share {config.memory_share:g}, T {config.temperature:g}, depth {config.max_depth})"
     )
     return plot_contribution_tree(nodes, labels, path, title)

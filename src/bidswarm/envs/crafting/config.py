@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bidswarm.checks import Problems
 from bidswarm.envs.base import TaskConfig
 
 
@@ -49,3 +50,27 @@ class CraftingConfig(TaskConfig):
     and its own; the Smith asks for wood with a note (``need wood``) and the Logger answers it:
     the shared memory carries what one role needs from another (needs ``task.memory.size`` >=
     1; the experts follow it for targets whose wood the Logger gathers on the surface)."""
+
+    def problems(self) -> list[str]:
+        from bidswarm.envs.crafting import techtree
+        from bidswarm.envs.crafting.expert import EXPERT_BIDS
+
+        problems = Problems(super().problems())
+        problems.one_of("task.target", self.target, techtree.TARGETS)
+        problems.one_of("task.expert_bids", self.expert_bids, EXPERT_BIDS)
+        if self.milestone_rewards is not None:
+            known = set(techtree.game_data().items_name)
+            for item, reward in self.milestone_rewards.items():
+                key = f"task.milestone_rewards.{item}"
+                problems.require(item in known, key, reward, "not a Minecraft 1.16 item name")
+                problems.non_negative(key, reward)
+        problems.at_least("task.frames_per_instruction", self.frames_per_instruction, 1)
+        problems.at_least("task.history_length", self.history_length, 0)
+        problems.positive("task.frames_per_hardness", self.frames_per_hardness)
+        problems.require(
+            not self.private_inventory or self.memory.size >= 1,
+            "task.private_inventory",
+            self.private_inventory,
+            "needs the shared memory: set task.memory.size >= 1",
+        )
+        return problems

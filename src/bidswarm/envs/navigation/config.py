@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bidswarm.checks import Problems
 from bidswarm.envs.base import TaskConfig
 
 
@@ -48,3 +49,32 @@ class NavigationConfig(TaskConfig):
     """Fewest rooms the shortest route passes through (start room and goal room included)."""
     max_route_rooms: int = 4
     """Most rooms the shortest route passes through (keeps instructions short)."""
+
+    def problems(self) -> list[str]:
+        problems = Problems(super().problems())
+        problems.non_negative("task.progress_weight", self.progress_weight)
+        problems.non_negative("task.success_bonus", self.success_bonus)
+        problems.positive("task.success_distance", self.success_distance)
+        problems.at_least("task.episodes_per_scene", self.episodes_per_scene, 1)
+        problems.at_least("task.max_rooms_per_side", self.max_rooms_per_side, 2)
+        problems.positive("task.min_room_size", self.min_room_size)
+        problems.require(
+            self.max_room_size >= self.min_room_size,
+            "task.max_room_size",
+            self.max_room_size,
+            f"must be >= task.min_room_size ({self.min_room_size})",
+        )
+        problems.require(
+            0 < self.door_width < self.min_room_size,
+            "task.door_width",
+            self.door_width,
+            f"must lie in (0, task.min_room_size={self.min_room_size})",
+        )
+        problems.unit_interval("task.extra_door_probability", self.extra_door_probability)
+        problems.require(
+            1 <= self.min_route_rooms <= self.max_route_rooms,
+            "task.min_route_rooms",
+            self.min_route_rooms,
+            f"need 1 <= min_route_rooms <= max_route_rooms ({self.max_route_rooms})",
+        )
+        return problems

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
+from bidswarm.checks import Problems
 from bidswarm.envs.base import TaskConfig
 
 
@@ -53,36 +55,48 @@ class ResearchConfig(TaskConfig):
     made, not what it returned) and the facts found are not listed: what one role learns reaches
     another only through the shared memory, which it needs (``task.memory.size`` >= 1)."""
 
-
-def validate_research_config(config: ResearchConfig) -> None:
-    """Raise ValueError naming the ``task.`` key whose value cannot work."""
-    problems = []
-    if config.max_decisions < 1:
-        problems.append(f"task.max_decisions={config.max_decisions} must be >= 1")
-    if (config.corpus_path is None) != (config.questions_path is None):
-        problems.append("task.corpus_path and task.questions_path must be set together")
-    if not 1 <= config.min_hops <= config.max_hops:
-        problems.append(
-            f"task.min_hops={config.min_hops} / task.max_hops={config.max_hops}: need "
-            "1 <= min_hops <= max_hops"
+    def problems(self) -> list[str]:
+        problems = Problems(super().problems())
+        problems.require(
+            (self.corpus_path is None) == (self.questions_path is None),
+            "task.corpus_path",
+            self.corpus_path,
+            "task.corpus_path and task.questions_path must be set together",
         )
-    if config.search_top_k < 1:
-        problems.append(f"task.search_top_k={config.search_top_k} must be >= 1")
-    if config.search_char_ngrams < 0:
-        problems.append(f"task.search_char_ngrams={config.search_char_ngrams} must be >= 0")
-    if config.page_words < 5:
-        problems.append(f"task.page_words={config.page_words} must be >= 5")
-    if config.judge not in ("match", "llm"):
-        problems.append(f"task.judge={config.judge!r} must be 'match' or 'llm'")
-    if config.judge == "llm" and not (config.judge_url and config.judge_model):
-        problems.append("task.judge='llm' needs task.judge_url and task.judge_model")
-    if not 0.0 < config.f1_threshold <= 1.0:
-        problems.append(f"task.f1_threshold={config.f1_threshold} must be in (0, 1]")
-    if config.judge_retries < 0:
-        problems.append(f"task.judge_retries={config.judge_retries} must be >= 0")
-    if config.private_results and config.memory.size < 1:
-        problems.append(
-            "task.private_results=True needs the shared memory: set task.memory.size >= 1"
+        problems.require(
+            1 <= self.min_hops <= self.max_hops,
+            "task.min_hops",
+            self.min_hops,
+            f"need 1 <= min_hops <= max_hops (task.max_hops={self.max_hops})",
         )
-    if problems:
-        raise ValueError("; ".join(problems))
+        problems.at_least("task.search_top_k", self.search_top_k, 1)
+        problems.at_least("task.search_char_ngrams", self.search_char_ngrams, 0)
+        problems.at_least("task.page_words", self.page_words, 5)
+        problems.require(
+            self.judge in ("match", "llm"), "task.judge", self.judge, "must be 'match' or 'llm'"
+        )
+        if self.judge == "llm":
+            for key in ("judge_url", "judge_model"):
+                problems.require(
+                    bool(getattr(self, key)),
+                    f"task.{key}",
+                    getattr(self, key),
+                    "needed by judge=llm",
+                )
+        problems.unit_interval("task.f1_threshold", self.f1_threshold, low_open=True)
+        problems.at_least("task.judge_retries", self.judge_retries, 0)
+        problems.require(
+            not self.private_results or self.memory.size >= 1,
+            "task.private_results",
+            self.private_results,
+            "needs the shared memory: set task.memory.size >= 1",
+        )
+        if self.judge_url is not None:
+            problems.require(
+                urlsplit(self.judge_url).scheme in ("http", "https"),
+                "task.judge_url",
+                self.judge_url,
+                "an http:// or https:// URL of an OpenAI-compatible API (e.g. http://host:8000/v1)",
+            )
+        problems.positive("task.judge_timeout_s", self.judge_timeout_s)
+        return problems

