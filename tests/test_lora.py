@@ -14,7 +14,7 @@ from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.credit import CreditConfig, make_credit
 from bidswarm.algorithms.losses import reinforce_loss
 from bidswarm.config import RLConfig
-from bidswarm.coordination import Auction
+from bidswarm.coordination.auction import Auction
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.evaluate import build_loop
 from bidswarm.lit.callbacks import LAST

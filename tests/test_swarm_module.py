@@ -15,7 +15,8 @@ from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.credit import CreditConfig, bucket_brigade_credit, make_credit
 from bidswarm.config import BidSlotWithoutBids, ModelConfig, RLConfig, TinyArchConfig
-from bidswarm.coordination import Auction, Decision
+from bidswarm.coordination import Decision
+from bidswarm.coordination.auction import Auction
 from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.envs.experts import play_expert_episode
