@@ -1,6 +1,6 @@
 """Compare strategies from MLflow (``bidswarm.report``): ``python scripts/report.py --help``."""
 
-from bidswarm.report import main
+from bidswarm.report.command import main
 
 if __name__ == "__main__":
     main()

@@ -12,13 +12,14 @@ import sys
 
 import pytest
 
-from bidswarm import report, statistics
+from bidswarm import statistics
+from bidswarm.report import command, figures, reading, strategies, tables
 from conftest import ROOT, sweep_command
 
 
 def test_overrides_every_run_shares_do_not_name_a_strategy():
     runs = [
-        report.RunResult(str(i), report.strategy_of(name), 1.0, 0.1, 1e9)
+        reading.RunResult(str(i), reading.strategy_of(name), 1.0, 0.1, 1e9)
         for i, name in enumerate(
             [
                 "experiment=tables,seed=0",
@@ -27,48 +28,48 @@ def test_overrides_every_run_shares_do_not_name_a_strategy():
             ]
         )
     ]
-    assert sorted(report.group_by_strategy(runs)) == [
+    assert sorted(reading.group_by_strategy(runs)) == [
         "experiment=tables",
         "experiment=tables_monolithic",
     ]
     same = [
-        report.RunResult("a", "experiment=tables,ablation=none", 1.0, 0.1, 1e9),
-        report.RunResult("b", "experiment=tables,ablation=random_credit", 1.0, 0.1, 1e9),
+        reading.RunResult("a", "experiment=tables,ablation=none", 1.0, 0.1, 1e9),
+        reading.RunResult("b", "experiment=tables,ablation=random_credit", 1.0, 0.1, 1e9),
     ]
-    assert sorted(report.group_by_strategy(same)) == ["ablation=none", "ablation=random_credit"]
+    assert sorted(reading.group_by_strategy(same)) == ["ablation=none", "ablation=random_credit"]
 
 
 def test_strategy_pools_seeds_and_evaluation_sizes():
-    assert report.strategy_of("ablation=monolithic,seed=2") == "ablation=monolithic"
-    assert report.strategy_of("experiment=tables,seed=0") == "experiment=tables"
-    assert report.strategy_of("eval coordination=agentnet,max_seeds=8") == "coordination=agentnet"
-    assert report.strategy_of("default") == report.DEFAULT_STRATEGY
+    assert reading.strategy_of("ablation=monolithic,seed=2") == "ablation=monolithic"
+    assert reading.strategy_of("experiment=tables,seed=0") == "experiment=tables"
+    assert reading.strategy_of("eval coordination=agentnet,max_seeds=8") == "coordination=agentnet"
+    assert reading.strategy_of("default") == reading.DEFAULT_STRATEGY
 
 
 def result(strategy: str, mean: float, se: float = 0.5, flops: float = 1e9):
-    return report.RunResult("id", strategy, mean, se, flops)
+    return reading.RunResult("id", strategy, mean, se, flops)
 
 
 def test_without_world_rewards_the_summary_is_over_runs_and_names_the_winner():
-    groups = report.group_by_strategy(
+    groups = reading.group_by_strategy(
         [result("a", 4.0), result("a", 6.0), result("b", 2.0, se=0.25), result("c", None)]
     )
-    rows = report.summarize(groups)
+    rows = strategies.strategy_rows(groups)
     assert [r.strategy for r in rows] == ["a", "b"]
     assert rows[0].mean == 5.0 and rows[0].se == pytest.approx(1.0) and rows[0].runs == 2
     assert rows[1].se == 0.25, "one run keeps its own SE over worlds"
-    table = report.markdown_table(rows)
+    table = tables.markdown_table(rows)
     # t_{0.975, 1} = 12.706: 5 +- 12.71.
     assert "| a | 5.00 ± 1.00 | -7.71 .. 17.71 | 2 runs | 2 | 1e+09 | best |" in table
     assert "| b | 2.00 ± 0.25 | n/a | 1 run¹ | 1 | 1e+09 | -3.00 |" in table
-    assert table.endswith(f"¹ {report.ONE_SEED}.")
-    assert "**a**" in report.verdict(rows) and "+3.00 (+150%)" in report.verdict(rows)
-    assert "no interval to tell them apart" in report.verdict(rows)
+    assert table.endswith(f"¹ {strategies.ONE_SEED}.")
+    assert "**a**" in tables.verdict(rows) and "+3.00 (+150%)" in tables.verdict(rows)
+    assert "no interval to tell them apart" in tables.verdict(rows)
 
 
-def trained(strategy: str, seed: int | None, worlds: dict[int, float] | None) -> report.RunResult:
+def trained(strategy: str, seed: int | None, worlds: dict[int, float] | None) -> reading.RunResult:
     mean = sum(worlds.values()) / len(worlds) if worlds else 1.0
-    return report.RunResult(
+    return reading.RunResult(
         f"{strategy}/{seed}", strategy, mean, 0.5, 1e9, training_seed=seed, world_rewards=worlds
     )
 
@@ -76,17 +77,17 @@ def trained(strategy: str, seed: int | None, worlds: dict[int, float] | None) ->
 def test_cells_pair_strategies_by_training_seed_and_world():
     base = {10: 2.0, 11: 4.0, 12: 9.0}
     runs = [
-        trained(report.DEFAULT_STRATEGY, 0, base),
-        trained(report.DEFAULT_STRATEGY, 1, {w: r + 1 for w, r in base.items()}),
+        trained(reading.DEFAULT_STRATEGY, 0, base),
+        trained(reading.DEFAULT_STRATEGY, 1, {w: r + 1 for w, r in base.items()}),
         trained("better", 0, {w: r + 3 for w, r in base.items()}),
         trained("better", 1, {w: r + 4 for w, r in base.items()}),
         trained("better", 1, {w: r + 4 for w, r in base.items()}),  # same seed again: averaged
         trained("elsewhere", 7, base),
         trained("old", 0, None),
     ]
-    rows = report.summarize(report.group_by_strategy(runs))
+    rows = strategies.strategy_rows(reading.group_by_strategy(runs))
     by_name = {row.strategy: row for row in rows}
-    default = by_name[report.DEFAULT_STRATEGY]
+    default = by_name[reading.DEFAULT_STRATEGY]
     # Two training seeds: the two-way cluster bootstrap over seeds and worlds, not the t
     # interval over the 6 cells taken as independent.
     expected = statistics.clustered_summary(default.cells)
@@ -103,25 +104,25 @@ def test_cells_pair_strategies_by_training_seed_and_world():
     assert (by_name["elsewhere"].se, by_name["elsewhere"].ci_low) == pytest.approx(
         (lone.se, lone.ci_low)
     )
-    table = report.markdown_table(rows)
+    table = tables.markdown_table(rows)
     assert "| 2 seeds, 6 cells |" in table and "| 1 seed, 3 worlds¹ |" in table
-    assert f"¹ {report.ONE_SEED}." in table
+    assert f"¹ {strategies.ONE_SEED}." in table
 
-    reference = report.reference_strategy(rows, None)
-    assert reference == report.DEFAULT_STRATEGY, "the MPT defaults, although not the best"
-    differences = {d.strategy: d.difference for d in report.paired_differences(rows, reference)}
+    reference = strategies.reference_strategy(rows, None)
+    assert reference == reading.DEFAULT_STRATEGY, "the MPT defaults, although not the best"
+    differences = {d.strategy: d.difference for d in strategies.paired_differences(rows, reference)}
     assert differences["better"].mean == pytest.approx(3.0) and differences["better"].n == 6
-    assert differences["better"].verdict == f"better > {report.DEFAULT_STRATEGY}"
+    assert differences["better"].verdict == f"better > {reading.DEFAULT_STRATEGY}"
     assert differences["elsewhere"] is None and differences["old"] is None
-    table = report.difference_table(report.paired_differences(rows, reference), reference)
+    table = tables.difference_table(strategies.paired_differences(rows, reference), reference)
     assert f"| better | +3.00 | +3.00 .. +3.00 | 6 | better > {reference} |" in table
     assert "| old | n/a | n/a | 0 | not paired: no shared cell |" in table
 
-    assert report.reference_strategy(rows, "better") == "better"
+    assert strategies.reference_strategy(rows, "better") == "better"
     with pytest.raises(SystemExit, match="nothing"):
-        report.reference_strategy(rows, "nothing")
-    without_default = [row for row in rows if row.strategy != report.DEFAULT_STRATEGY]
-    assert report.reference_strategy(without_default, None) == without_default[0].strategy
+        strategies.reference_strategy(rows, "nothing")
+    without_default = [row for row in rows if row.strategy != reading.DEFAULT_STRATEGY]
+    assert strategies.reference_strategy(without_default, None) == without_default[0].strategy
 
 
 def log_training_run(client, experiment_id, name, rewards, parent=None, worlds=None):
@@ -167,7 +168,7 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
     client.log_dict(evaluation.info.run_id, {"10": 1.0, "11": 3.0}, "heldout/eval_worlds.json")
 
-    text = report.write_report(client, parent_id, None, tmp_path / "sweep")
+    text = command.write_report(client, parent_id, None, tmp_path / "sweep")
     # Cells 2, 4 (seed 0) and 4, 6 (seed 1): two-way cluster bootstrap over seeds and worlds.
     s = statistics.clustered_summary({(0, 10): 2.0, (0, 11): 4.0, (1, 10): 4.0, (1, 11): 6.0})
     assert (
@@ -182,7 +183,7 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
         assert (tmp_path / "sweep" / name).stat().st_size > 0
     assert (tmp_path / "sweep" / "report.md").read_text() == text + "\n"
 
-    text = report.write_report(client, None, "grid", tmp_path / "all")
+    text = command.write_report(client, None, "grid", tmp_path / "all")
     # One training seed (its source run's, 0), worlds 1 and 3: SE 1, half width
     # t_{0.975, 1} = 12.71, labelled as over worlds only; the FLOPs of its source run.
     assert (
@@ -196,7 +197,7 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     ) in text
     assert "unrelated" in text and "sweep" not in text.split("\n", 2)[2]
 
-    text = report.write_report(
+    text = command.write_report(
         client, None, "grid", tmp_path / "all", reference="coordination=round_robin"
     )
     assert (
@@ -238,13 +239,13 @@ def test_a_sweep_parent_logs_each_arms_interval_over_training_seeds_and_worlds(t
     assert metrics["arm/ablation-monolithic/heldout_reward/se"] == pytest.approx(over_worlds.se)
     assert metrics["arm/ablation-monolithic/seeds"] == 1.0
     assert "| ablation=monolithic |" in text and "| 1 seed, 3 worlds¹ |" in text
-    assert f"¹ {report.ONE_SEED}." in text
+    assert f"¹ {strategies.ONE_SEED}." in text
 
 
 def test_a_clustered_interval_covers_the_true_mean_when_training_seeds_vary():
     """5 training seeds x 30 worlds, a seed effect of SD 10 and cell noise of SD 30: the
-    strategy's 95% interval of :func:`report.summarize` covers the true mean about 95% of the
-    time; the t interval over the 150 cells as independent about 2/3 of the time."""
+    strategy's 95% interval of :func:`strategies.strategy_rows` covers the true mean about 95%
+    of the time; the t interval over the 150 cells as independent about 2/3 of the time."""
     rng = random.Random(7)
     replications, truth = 300, 50.0
     clustered = naive = 0
@@ -254,7 +255,7 @@ def test_a_clustered_interval_covers_the_true_mean_when_training_seeds_vary():
             level = truth + rng.gauss(0, 10)
             worlds = {w: level + rng.gauss(0, 30) for w in range(30)}
             runs.append(trained("mpt", seed, worlds))
-        (row,) = report.summarize(report.group_by_strategy(runs))
+        (row,) = strategies.strategy_rows(reading.group_by_strategy(runs))
         assert row.counts_seeds and row.seeds == 5
         clustered += row.ci_low <= truth <= row.ci_high
         cells = statistics.summarize(list(row.cells.values()))
@@ -263,7 +264,7 @@ def test_a_clustered_interval_covers_the_true_mean_when_training_seeds_vary():
     assert naive / replications < 0.80
 
 
-def separated_by_naive_ses(shared_seeds: bool) -> list[report.RunResult]:
+def separated_by_naive_ses(shared_seeds: bool) -> list[reading.RunResult]:
     """Two strategies 2 apart over 3 training seeds x 20 worlds, whose training seeds scatter
     them by several points: the SEs over cells taken as independent do not overlap; an
     interval over training seeds cannot tell them apart."""
@@ -279,13 +280,13 @@ def separated_by_naive_ses(shared_seeds: bool) -> list[report.RunResult]:
 
 @pytest.mark.parametrize("shared_seeds", [True, False])
 def test_the_verdict_rests_on_intervals_over_training_seeds_not_on_naive_ses(shared_seeds):
-    rows = report.summarize(report.group_by_strategy(separated_by_naive_ses(shared_seeds)))
+    rows = strategies.strategy_rows(reading.group_by_strategy(separated_by_naive_ses(shared_seeds)))
     first, second = rows
     a = [v for (s, _), v in first.cells.items()]
     b = [v for (s, _), v in second.cells.items()]
     gap = first.mean - second.mean
     assert gap > statistics.summarize(a).se + statistics.summarize(b).se, "naive SEs separate"
-    text = report.verdict(rows)
+    text = tables.verdict(rows)
     assert "**a**" in text and "separated" not in text
     if shared_seeds:
         assert "paired on 60 (training seed, world) cells" in text
@@ -298,7 +299,7 @@ def test_the_verdict_rests_on_intervals_over_training_seeds_not_on_naive_ses(sha
         trained("a", r.training_seed, {w: v + 2.0 for w, v in r.world_rewards.items()})
         for r in clear
     ]
-    assert "a > b" in report.verdict(report.summarize(report.group_by_strategy(clear)))
+    assert "a > b" in tables.verdict(strategies.strategy_rows(reading.group_by_strategy(clear)))
 
 
 @pytest.mark.slow
@@ -369,8 +370,8 @@ def test_rl_gain_and_participation_shift_per_strategy():
         runs.append(run)
     flat = trained("flat", 0, dict.fromkeys(worlds, 3.0))
     flat.before_world_rewards = dict.fromkeys(worlds, 3.0)
-    groups = report.group_by_strategy([*runs, flat])
-    gains = report.rl_gain_table(groups)
+    groups = reading.group_by_strategy([*runs, flat])
+    gains = tables.rl_gain_table(groups)
     # Each mean with its two-way clustered interval over the 3 seeds x 6 worlds.
     sft = statistics.clustered_summary({(s, w): 4.0 + w + s for s in (0, 1, 2) for w in worlds})
     rl = statistics.clustered_summary({(s, w): 10.0 + w + s for s in (0, 1, 2) for w in worlds})
@@ -382,11 +383,11 @@ def test_rl_gain_and_participation_shift_per_strategy():
     assert sft.ci_low < 7.5 < sft.ci_high
     # One seed: over its worlds only, marked.
     assert "| flat | 3.00 (3.00 .. 3.00)¹ | 3.00 (3.00 .. 3.00)¹ | +0.00 |" in gains
-    assert "no difference detected" in gains and gains.endswith(f"¹ {report.ONE_SEED}.")
-    shift = report.participation_table(groups)
+    assert "no difference detected" in gains and gains.endswith(f"¹ {strategies.ONE_SEED}.")
+    shift = tables.participation_table(groups)
     assert "| mpt | logger 80% → 50%; miner 20% → 50% | 3 |" in shift
     assert "flat" not in shift, "a run without participation metrics has no row"
-    assert report.rl_gain_table(report.group_by_strategy([trained("x", 0, {0: 1.0})])) == ""
+    assert tables.rl_gain_table(reading.group_by_strategy([trained("x", 0, {0: 1.0})])) == ""
 
 
 def test_results_file_sections_are_replaced_not_duplicated(tmp_path):
@@ -397,9 +398,9 @@ def test_results_file_sections_are_replaced_not_duplicated(tmp_path):
     results.parent.mkdir()
     results.write_text("# Results\n\nintro\n")
     text = "# Strategy comparison (experiment `x`)\n\nold\n\n![p](participation.png)"
-    report.update_results(results, "x", text, figures, "python scripts/report.py --experiment x")
-    report.update_results(results, "x", text.replace("old", "new"), figures, "cmd")
-    report.update_results(results, "y", "other", figures, "cmd")
+    command.update_results(results, "x", text, figures, "python scripts/report.py --experiment x")
+    command.update_results(results, "x", text.replace("old", "new"), figures, "cmd")
+    command.update_results(results, "y", "other", figures, "cmd")
     body = results.read_text()
     assert body.startswith("# Results\n\nintro\n")
     assert body.count("<!-- report:x -->") == 1 and "new" in body and "old" not in body
@@ -408,7 +409,7 @@ def test_results_file_sections_are_replaced_not_duplicated(tmp_path):
 
 
 def test_the_swept_number_is_the_x_axis_and_the_rest_of_the_name_the_series():
-    key, points = report.swept_setting(
+    key, points = figures.swept_setting(
         [
             "coordination=auction,replicas=1",
             "coordination=auction,replicas=4",
@@ -420,7 +421,7 @@ def test_the_swept_number_is_the_x_axis_and_the_rest_of_the_name_the_series():
     assert points["coordination=round_robin,replicas=1"] == (1.0, "coordination=round_robin")
     # dropout takes more values than replicas: it is the axis, replicas a series; a strategy
     # with no other override is the default series
-    key, points = report.swept_setting(
+    key, points = figures.swept_setting(
         [
             "dropout=0.0,replicas=1",
             "dropout=0.5,replicas=1",
@@ -430,16 +431,16 @@ def test_the_swept_number_is_the_x_axis_and_the_rest_of_the_name_the_series():
     )
     assert key == "dropout"
     assert points["dropout=0.9,replicas=4"] == (0.9, "replicas=4")
-    assert points["dropout=0.5"] == (0.5, report.DEFAULT_STRATEGY)
-    assert report.swept_setting(["ablation=none", "ablation=monolithic"]) is None
-    assert report.swept_setting(["replicas=2", "replicas=2,coordination=auction"]) is None
+    assert points["dropout=0.5"] == (0.5, reading.DEFAULT_STRATEGY)
+    assert figures.swept_setting(["ablation=none", "ablation=monolithic"]) is None
+    assert figures.swept_setting(["replicas=2", "replicas=2,coordination=auction"]) is None
 
 
 def test_evaluation_only_reports_draw_outcomes_not_empty_training_figures(tmp_path):
     runs = []
     for replicas in (1, 2, 4):
         for seed in (0, 1):
-            run = report.RunResult(
+            run = reading.RunResult(
                 f"{replicas}-{seed}",
                 f"coordination=auction,replicas={replicas}",
                 None,
@@ -451,21 +452,24 @@ def test_evaluation_only_reports_draw_outcomes_not_empty_training_figures(tmp_pa
             )
             run.heldout_mean = sum(run.world_rewards.values()) / 4
             runs.append(run)
-    groups = report.group_by_strategy(runs)
-    rows = report.summarize(groups)
-    assert report.plot_reward_vs_flops(groups, tmp_path / "r.png") is None
-    assert report.plot_participation(groups, tmp_path / "p.png") is None
+    groups = reading.group_by_strategy(runs)
+    rows = strategies.strategy_rows(groups)
+    assert figures.plot_reward_vs_flops_per_strategy(groups, tmp_path / "r.png") is None
+    assert figures.plot_participation_per_strategy(groups, tmp_path / "p.png") is None
     assert not (tmp_path / "r.png").exists() and not (tmp_path / "p.png").exists()
-    drawn = report.plot_outcomes(rows, groups, tmp_path / "outcomes.png")
+    drawn = figures.plot_outcomes(rows, groups, tmp_path / "outcomes.png")
     assert drawn is not None and drawn.stat().st_size > 0
-    unswept = report.group_by_strategy([runs[0]])
-    assert report.plot_outcomes(report.summarize(unswept), unswept, tmp_path / "x.png") is None
+    unswept = reading.group_by_strategy([runs[0]])
+    assert (
+        figures.plot_outcomes(strategies.strategy_rows(unswept), unswept, tmp_path / "x.png")
+        is None
+    )
 
 
 def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_worlds():
-    def evaluation(seed: int, pass_3: dict[int, float] | None) -> report.RunResult:
+    def evaluation(seed: int, pass_3: dict[int, float] | None) -> reading.RunResult:
         mean = sum(pass_3.values()) / len(pass_3) if pass_3 else 0.4
-        return report.RunResult(
+        return reading.RunResult(
             f"run-{seed}",
             "replicas=2",
             None,
@@ -477,7 +481,7 @@ def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_w
         )
 
     per_world = {s: {w: min(1.0, 0.2 * s + 0.1 * w) for w in range(5)} for s in range(3)}
-    table = report.outcome_table({"replicas=2": [evaluation(s, per_world[s]) for s in range(3)]})
+    table = tables.outcome_table({"replicas=2": [evaluation(s, per_world[s]) for s in range(3)]})
     cells = {(s, w): v for s, worlds in per_world.items() for w, v in worlds.items()}
     expected = statistics.clustered_summary(cells)
     assert "pass@3 95% CI" in table.splitlines()[2]
@@ -485,14 +489,14 @@ def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_w
     assert row[4] == f"{100 * expected.ci_low:.1f}% .. {100 * expected.ci_high:.1f}%"
     assert expected.ci_low < expected.mean < expected.ci_high
     # a run that logged no per-world pass@k leaves the interval out
-    older = report.outcome_table({"replicas=2": [evaluation(0, per_world[0]), evaluation(1, None)]})
+    older = tables.outcome_table({"replicas=2": [evaluation(0, per_world[0]), evaluation(1, None)]})
     assert older.splitlines()[-1].split(" | ")[4] == ""
     # against a reference strategy: the paired difference on the (seed, world) cells both hold
     fewer = [evaluation(s, {w: v / 2 for w, v in per_world[s].items()}) for s in range(3)]
     for run in fewer:
         run.strategy = "replicas=1"
     groups = {"replicas=1": fewer, "replicas=2": [evaluation(s, per_world[s]) for s in range(3)]}
-    table = report.outcome_table(groups, reference="replicas=1").splitlines()
+    table = tables.outcome_table(groups, reference="replicas=1").splitlines()
     assert "pass@3 − replicas=1 (95% CI)" in table[2]
     assert table[-2].split(" | ")[5] == "reference"
     halves = {key: value / 2 for key, value in cells.items()}
@@ -504,10 +508,10 @@ def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_w
 
 def test_long_panel_titles_wrap_at_commas():
     title = "eval.max_seeds=16,experiment=tables,logger.experiment_name=participation,rl.cycles=8"
-    lines = report.wrapped(title, width=40).split("\n")
+    lines = figures.wrapped(title, width=40).split("\n")
     assert len(lines) == 3 and "".join(lines) == title
     assert all(len(line) <= 40 or "," not in line[:-1] for line in lines)
-    assert report.wrapped("short") == "short"
+    assert figures.wrapped("short") == "short"
 
 
 def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path):
@@ -520,15 +524,15 @@ def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path
         run_id = log_training_run(client, experiment_id, f"seed={seed}", [1.0, 2.0, 3.0, 4.0])
         client.log_metric(run_id, "eval_before/reward/mean", 10.0 + shift, step=0)
         client.log_metric(run_id, "eval_during/reward/mean", 20.0 + shift, step=2)  # after update 2
-        runs.append(report.read_run(client, client.get_run(run_id)))
+        runs.append(reading.read_run(client, client.get_run(run_id)))
     # flops/total is 1e6 * (step + 1): update 2 (step 1) ends at 2e6, the last at 4e6
     assert runs[0].heldout_curve == {
         "before": (0.0, 10.0),
         "update 2": (2e6, 20.0),
         "after": (4e6, 4.0),
     }
-    groups = report.group_by_strategy(runs)
-    drawn = report.plot_reward_vs_flops(groups, tmp_path / "curve.png")
+    groups = reading.group_by_strategy(runs)
+    drawn = figures.plot_reward_vs_flops_per_strategy(groups, tmp_path / "curve.png")
     assert drawn is not None and drawn.stat().st_size > 0
 
 
@@ -567,7 +571,7 @@ def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
     client.log_metric(evaluation.info.run_id, "eval/reward/mean", 2.0)
     client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
 
-    text = report.write_report(client, None, "budget", tmp_path / "out")
+    text = command.write_report(client, None, "budget", tmp_path / "out")
     assert (
         "| strategy | SFT action tokens | SFT bid tokens | SFT FLOPs | RL action updates "
         "| RL bid updates | training FLOPs (RL) | runs |"
@@ -611,12 +615,12 @@ def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_
     client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/0.4", 0.5)
     client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/mean", 0.6)
 
-    runs = [report.read_run(client, r) for r in report.find_runs(client, None, "credit")]
-    trained_run = next(r for r in runs if r.strategy == report.DEFAULT_STRATEGY)
+    runs = [reading.read_run(client, r) for r in reading.find_runs(client, None, "credit")]
+    trained_run = next(r for r in runs if r.strategy == reading.DEFAULT_STRATEGY)
     assert trained_run.winning_bids["before"]["miner"] == {"0.8": 1.0, "0.4": 0.0, "mean": 0.8}
     assert set(trained_run.winning_bids) == {"before", "after"}
-    groups = report.group_by_strategy(runs)
-    table = report.winning_bid_table(groups)
+    groups = reading.group_by_strategy(runs)
+    table = tables.winning_bid_table(groups)
     assert "| strategy | role | 0.4 | 0.8 | mean bid | runs |" in table
     # miner after RL: mean over the two runs of 0.2 and 0.4 at 0.4 -> 30%
     assert "| mpt (defaults) | miner | 0% → 30% | 100% → 70% | 0.80 → 0.68 | 2 |" in table
@@ -624,12 +628,12 @@ def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_
     assert "| bids_from=sft | smith | 50% | 50% | 0.60 | 1 |" in table
     assert "round_robin" not in table
 
-    text = report.write_report(client, None, "credit", tmp_path / "out")
+    text = command.write_report(client, None, "credit", tmp_path / "out")
     assert table in text
-    assert "winning_bids.png" in report.FIGURES
-    assert f"![{report.FIGURES['winning_bids.png']}](winning_bids.png)" in text
+    assert "winning_bids.png" in figures.FIGURES
+    assert f"![{figures.FIGURES['winning_bids.png']}](winning_bids.png)" in text
     assert (tmp_path / "out" / "winning_bids.png").stat().st_size > 0
     # without winning bids: neither table nor figure
-    without = report.group_by_strategy([r for r in runs if not r.winning_bids])
-    assert report.winning_bid_table(without) == ""
-    assert report.plot_winning_bids(without, tmp_path / "none.png") is None
+    without = reading.group_by_strategy([r for r in runs if not r.winning_bids])
+    assert tables.winning_bid_table(without) == ""
+    assert figures.plot_winning_bids(without, tmp_path / "none.png") is None

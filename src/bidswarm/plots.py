@@ -1,5 +1,6 @@
 """Figures of a run: reward against training FLOPs, participation share per role, and a
-contribution tree of the memory credit rule (docs/memory.md)."""
+contribution tree of the memory credit rule (docs/memory.md). The figures that compare
+strategies are the report's (:mod:`bidswarm.report.figures`)."""
 
 from __future__ import annotations
 

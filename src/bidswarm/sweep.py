@@ -99,16 +99,17 @@ def summarise_sweep(client, parent: str, out: Path) -> str:
     """The sweep's comparison (``bidswarm.report``: arms = children grouped by the overrides
     that differ) on its parent run: per arm the held-out reward after RL,
     ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}`` (two-way cluster bootstrap over
-    training seeds and worlds, :func:`bidswarm.report.summarize`; over worlds only for an arm of
-    one training seed), ``arm/<arm>/seeds`` (the training seeds those count) and
+    training seeds and worlds, :func:`bidswarm.report.strategies.strategy_rows`; over worlds
+    only for an arm of one training seed), ``arm/<arm>/seeds`` (the training seeds those count) and
     ``arm/<arm>/runs``; the report (``summary/report.md``, its plots) and the table
     ``summary/arms.json``. Returns the report's markdown."""
-    from bidswarm import report  # MLflow's client: imported where a sweep logs to MLflow only
+    # MLflow's client: imported where a sweep logs to MLflow only
+    from bidswarm.report import command, reading, strategies, tables
 
-    text = report.write_report(client, parent, None, out)
-    rows = report.summarize(
-        report.group_by_strategy(
-            [report.read_run(client, r) for r in report.find_runs(client, parent, None)]
+    text = command.write_report(client, parent, None, out)
+    rows = strategies.strategy_rows(
+        reading.group_by_strategy(
+            [reading.read_run(client, r) for r in reading.find_runs(client, parent, None)]
         )
     )
     metrics: dict[str, float] = {}
@@ -131,7 +132,9 @@ def summarise_sweep(client, parent: str, out: Path) -> str:
         "SE": [row.se for row in rows],
         "95% CI low": [row.ci_low for row in rows],
         "95% CI high": [row.ci_high for row in rows],
-        "over": [report.interval_basis(row).replace("¹", f" ({report.ONE_SEED})") for row in rows],
+        "over": [
+            tables.interval_basis(row).replace("¹", f" ({strategies.ONE_SEED})") for row in rows
+        ],
         "training seeds": [row.seeds for row in rows],
         "runs": [row.runs for row in rows],
     }

@@ -1,0 +1,191 @@
+"""The numbers of each strategy: its held-out reward with a 95% interval, paired
+differences to a reference strategy, pass@k and the winning-bid shares.
+
+Statistics are over held-out *worlds*, never episodes. A strategy's mean, SE and 95% interval
+are over its (training seed, world) cells by a two-way cluster bootstrap over training seeds
+and worlds (a strategy of one training seed: a t interval over its worlds, labelled as not
+counting training-seed variation, :data:`ONE_SEED`); every strategy is compared with the
+reference strategy by the paired difference over the (training seed, world) cells both hold,
+with a two-way cluster bootstrap interval over training seeds and worlds
+(:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
+fall back to statistics over their run-level means and are left out of the pairing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bidswarm import statistics
+from bidswarm.report.reading import DEFAULT_STRATEGY, RunResult
+
+ONE_SEED = "1 seed: SE over worlds, training-seed variation not counted"
+"""The note of a strategy with a single training seed, whose SE and CI are over worlds only."""
+
+WINNING_BID_PHASES = {"before": "after SFT", "after": "after RL", "eval": "evaluation"}
+"""The held-out evaluations whose winning bids the report shows, in order, with their labels."""
+
+
+@dataclass
+class StrategyRow:
+    """A strategy's held-out reward: mean, SE and 95% CI over ``n`` ``unit`` (cells or runs)
+    from ``seeds`` training seeds (:func:`strategy_rows`)."""
+
+    strategy: str
+    mean: float
+    se: float
+    runs: int
+    training_flops: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    n: int = 1
+    unit: str = "runs"
+    cells: dict[tuple[object, int], float] = field(default_factory=dict)
+    """(training seed, world) -> mean reward, for pairing (empty: no per-world rewards)."""
+    seeds: int = 1
+    """Training seeds the runs came from (a run of unknown seed counts as one of its own)."""
+
+    @property
+    def counts_seeds(self) -> bool:
+        """Whether SE and CI include training-seed variation (two seeds or more)."""
+        return self.seeds >= 2
+
+
+@dataclass
+class DifferenceRow:
+    """``strategy`` minus the reference, paired by (training seed, world); None: not paired."""
+
+    strategy: str
+    difference: statistics.Difference | None
+
+
+def seed_cluster(result: RunResult) -> object:
+    """The training seed of a run; a run of unknown seed is its own cluster, ``run <id>``."""
+    return f"run {result.run_id}" if result.training_seed is None else result.training_seed
+
+
+def strategy_cells(
+    results: list[RunResult],
+    per_world: Callable[[RunResult], dict[int, float] | None] = lambda r: r.world_rewards,
+) -> dict[tuple[object, int], float]:
+    """(training seed, world) -> mean over the strategy's runs of that seed of ``per_world``
+    (by default the held-out reward; a run of unknown seed is its own cluster
+    (:func:`seed_cluster`), which pairs with nothing)."""
+    values: dict[tuple[object, int], list[float]] = {}
+    for result in results:
+        cluster = seed_cluster(result)
+        for world, reward in (per_world(result) or {}).items():
+            values.setdefault((cluster, world), []).append(reward)
+    return {key: sum(v) / len(v) for key, v in values.items()}
+
+
+def cell_summary(cells: dict[tuple[object, int], float]) -> tuple[statistics.Summary, int]:
+    """Mean, SE and 95% CI of a strategy's (training seed, world) cells, and how many training
+    seeds they hold. Two seeds or more: the two-way cluster bootstrap over training seeds and
+    worlds (:func:`bidswarm.statistics.clustered_summary`; cells that share a seed are not
+    independent). One seed: the t interval over its worlds, which cannot count the variation
+    between training seeds (:data:`ONE_SEED`)."""
+    seeds = len({seed for seed, _ in cells})
+    if seeds >= 2:
+        return statistics.clustered_summary(cells), seeds
+    return statistics.summarize(list(cells.values())), seeds
+
+
+def strategy_rows(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
+    """Mean, SE and 95% CI per strategy. When every run logged per-world rewards: over its
+    (training seed, world) cells (:func:`cell_summary`: two-way cluster bootstrap over seeds
+    and worlds; one seed: over worlds only). Else over its runs' means (t interval; each run is
+    one training seed; one run: its own SE over worlds, no CI)."""
+    rows = []
+    for strategy, results in groups.items():
+        scored = [r for r in results if r.heldout_mean is not None]
+        if not scored:
+            continue
+        flops = [r.training_flops for r in scored if r.training_flops is not None]
+        row = StrategyRow(
+            strategy, 0.0, 0.0, len(scored), sum(flops) / len(flops) if flops else None
+        )
+        row.seeds = len(scored)  # runs without per-world rewards: one training seed each
+        if all(r.world_rewards for r in scored):
+            row.cells = strategy_cells(scored)
+            s, row.seeds = cell_summary(row.cells)
+            row.unit = "cells"
+        elif len(scored) == 1:
+            row.mean, row.se = scored[0].heldout_mean, scored[0].heldout_se or 0.0
+            rows.append(row)
+            continue
+        else:
+            s = statistics.summarize([r.heldout_mean for r in scored])
+        row.mean, row.se, row.ci_low, row.ci_high, row.n = s.mean, s.se, s.ci_low, s.ci_high, s.n
+        rows.append(row)
+    return sorted(rows, key=lambda row: row.mean, reverse=True)
+
+
+def reference_strategy(rows: list[StrategyRow], chosen: str | None) -> str:
+    """``chosen``, else the MPT defaults when present, else the best row."""
+    names = [row.strategy for row in rows]
+    if chosen is not None:
+        if chosen not in names:
+            raise SystemExit(f"--reference {chosen!r}: no such strategy; strategies: {names}")
+        return chosen
+    return DEFAULT_STRATEGY if DEFAULT_STRATEGY in names else names[0]
+
+
+def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
+    """Every other strategy minus ``reference`` over the (training seed, world) cells both
+    hold (two-way cluster bootstrap CI); None when they share no cell."""
+    base = next(row for row in rows if row.strategy == reference)
+    out = []
+    for row in rows:
+        if row is base:
+            continue
+        shared = row.cells.keys() & base.cells.keys()
+        difference = (
+            statistics.paired_difference(row.cells, base.cells, row.strategy, reference)
+            if shared
+            else None
+        )
+        out.append(DifferenceRow(row.strategy, difference))
+    return out
+
+
+def pass_cells(results: list[RunResult], k: int) -> dict[tuple[object, int], float] | None:
+    """(training seed, world) -> pass@k (:func:`strategy_cells`); None when a run logged no
+    per-world pass@k."""
+    if any(k not in r.world_pass_at_k for r in results):
+        return None
+    return strategy_cells(results, lambda r: r.world_pass_at_k[k])
+
+
+def pass_summary(results: list[RunResult], k: int) -> statistics.Summary | None:
+    """pass@k of a strategy: over its (training seed, world) cells (:func:`cell_summary`) when
+    every run logged per-world pass@k, else the t interval over its runs' means (one training
+    seed each); None when no run logged pass@k."""
+    cells = pass_cells(results, k)
+    if cells is not None:
+        return cell_summary(cells)[0]
+    values = [r.outcomes[f"pass_at_{k}/mean"] for r in results if f"pass_at_{k}/mean" in r.outcomes]
+    return statistics.summarize(values) if values else None
+
+
+def winning_bid_shares(
+    results: list[RunResult],
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Phase (:data:`WINNING_BID_PHASES`) -> role -> level (or ``mean``) -> the mean over the
+    runs in which the role acted of their held-out ``bids/winning/<role>/<level>``."""
+    shares: dict[str, dict[str, dict[str, float]]] = {}
+    for phase in WINNING_BID_PHASES:
+        measured = [r.winning_bids[phase] for r in results if phase in r.winning_bids]
+        for role in sorted({role for bids in measured for role in bids}):
+            acted = [bids[role] for bids in measured if role in bids]
+            levels = {level for bids in acted for level in bids}
+            shares.setdefault(phase, {})[role] = {
+                level: sum(bids.get(level, 0.0) for bids in acted) / len(acted) for level in levels
+            }
+    return shares
+
+
+def bid_levels_of(shares: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """The bid levels (``0.2`` ... ``0.8``) in ``shares``, ascending."""
+    levels = {level for roles in shares.values() for bids in roles.values() for level in bids}
+    return sorted(levels - {"mean"}, key=float)

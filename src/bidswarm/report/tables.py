@@ -1,0 +1,353 @@
+"""The report's markdown: the strategy table and its verdict, the paired differences, and
+the budget, RL gain, participation, winning-bid and outcome tables (each empty when no run
+logged what it shows)."""
+
+from __future__ import annotations
+
+from bidswarm import statistics
+from bidswarm.report.reading import BUDGET_COLUMNS, RunResult, pass_ks
+from bidswarm.report.strategies import (
+    ONE_SEED,
+    WINNING_BID_PHASES,
+    DifferenceRow,
+    StrategyRow,
+    bid_levels_of,
+    cell_summary,
+    pass_cells,
+    strategy_cells,
+    winning_bid_shares,
+)
+
+
+def interval_basis(row: StrategyRow) -> str:
+    """What a row's SE and CI are over: ``3 seeds, 90 cells``, ``5 runs``; a row of one
+    training seed says so (``1 seed, 30 worlds¹``, ``1 run¹``: footnote :data:`ONE_SEED`)."""
+    if row.ci_low is None:
+        return "1 run¹"
+    if row.unit == "runs":
+        return f"{row.n} runs"
+    if not row.counts_seeds:
+        return f"1 seed, {row.n} worlds¹"
+    return f"{row.seeds} seeds, {row.n} cells"
+
+
+def markdown_table(rows: list[StrategyRow]) -> str:
+    """Mean ± SE, 95% CI and what they are over (seeds and cells, or runs), runs, FLOPs, gap
+    to the best; a footnote marks the rows whose interval cannot count training seeds."""
+    lines = [
+        "Held-out reward per strategy: mean ± SE and 95% CI over its (training seed, world) "
+        "cells, each the mean of that world's runs, by a two-way cluster bootstrap over "
+        "training seeds and worlds (runs that logged no per-world rewards: t interval over the "
+        "runs' means, one training seed each).",
+        "",
+        "| strategy | held-out reward (mean ± SE) | 95% CI | over | runs | training FLOPs "
+        "| vs best |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    best = rows[0].mean if rows else 0.0
+    for row in rows:
+        flops = f"{row.training_flops:.3g}" if row.training_flops is not None else "n/a"
+        gap = "best" if row is rows[0] else f"{row.mean - best:+.2f}"
+        ci = "n/a" if row.ci_low is None else f"{row.ci_low:.2f} .. {row.ci_high:.2f}"
+        lines.append(
+            f"| {row.strategy} | {row.mean:.2f} ± {row.se:.2f} | {ci} | {interval_basis(row)} "
+            f"| {row.runs} | {flops} | {gap} |"
+        )
+    if any(not row.counts_seeds for row in rows):
+        lines += ["", f"¹ {ONE_SEED}."]
+    return "\n".join(lines)
+
+
+def verdict(rows: list[StrategyRow]) -> str:
+    """One sentence: who has the highest mean, by how much over the second, and whether that
+    is told apart: by their paired difference on the (training seed, world) cells both hold
+    (two-way cluster bootstrap) when they share cells, else by whether their 95% intervals
+    overlap; a comparison that rests on one training seed says so."""
+    if not rows:
+        return "No run holds a held-out result yet."
+    if len(rows) == 1:
+        return f"Only one strategy: {rows[0].strategy} ({rows[0].mean:.2f} ± {rows[0].se:.2f})."
+    first, second = rows[0], rows[1]
+    gap = first.mean - second.mean
+    relative = f" ({100 * gap / abs(second.mean):+.0f}%)" if second.mean else ""
+    shared = first.cells.keys() & second.cells.keys()
+    note, one_seed = "no interval to tell them apart (a run without per-world rewards)", False
+    if shared:
+        d = statistics.paired_difference(first.cells, second.cells, first.strategy, second.strategy)
+        seeds = len({seed for seed, _ in shared})
+        note = (
+            f"paired on {d.n} (training seed, world) cells: {d.mean:+.2f} (95% CI "
+            f"{d.ci_low:+.2f} .. {d.ci_high:+.2f}), {d.verdict}"
+        )
+        one_seed = seeds < 2
+    elif first.ci_low is not None and second.ci_low is not None:
+        apart = first.ci_low > second.ci_high or second.ci_low > first.ci_high
+        note = "their 95% intervals do not overlap" if apart else "their 95% intervals overlap"
+        one_seed = not (first.counts_seeds and second.counts_seeds)
+    if one_seed:
+        note += f" ({ONE_SEED})"
+    return (
+        f"Best: **{first.strategy}** {first.mean:.2f} ± {first.se:.2f}, {gap:+.2f}{relative} "
+        f"over {second.strategy} ({second.mean:.2f} ± {second.se:.2f}); {note}."
+    )
+
+
+def difference_table(differences: list[DifferenceRow], reference: str) -> str:
+    """Markdown: strategy - reference, its 95% CI, how many cells were paired, the verdict."""
+    lines = [
+        f"Paired difference to **{reference}** on the same (training seed, world) cells; 95% CI "
+        "by a two-way cluster bootstrap over training seeds and worlds.",
+        "",
+        f"| strategy | − {reference} | 95% CI | paired cells | verdict |",
+        "|---|---|---|---|---|",
+    ]
+    for row in differences:
+        d = row.difference
+        if d is None:
+            lines.append(f"| {row.strategy} | n/a | n/a | 0 | not paired: no shared cell |")
+        else:
+            lines.append(
+                f"| {row.strategy} | {d.mean:+.2f} | {d.ci_low:+.2f} .. {d.ci_high:+.2f} "
+                f"| {d.n} | {d.verdict} |"
+            )
+    return "\n".join(lines)
+
+
+def budget_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy, what its training spent (:data:`BUDGET_COLUMNS`), the mean over
+    its runs that logged it (empty when no run logged a budget)."""
+    headers = " | ".join(header for _, header in BUDGET_COLUMNS)
+    lines = [
+        "What each strategy's training spent (mean over its runs; an evaluation run counts "
+        "its source run's): SFT tokens (prompt + reply) of action and of bid demonstrations "
+        "and SFT FLOPs, the RL updates of each kind, and RL's training FLOPs (rollouts, forks "
+        "and trained tokens; SFT's apart). By default every arm makes the same passes over "
+        "each action demonstration and the same number of action updates (docs/coordination.md).",
+        "",
+        f"| strategy | {headers} | runs |",
+        "|---|" + "---|" * (len(BUDGET_COLUMNS) + 1),
+    ]
+    found = False
+    for strategy, results in groups.items():
+        budgets = [r.budget for r in results if r.budget]
+        if not budgets:
+            continue
+        found = True
+        cells = []
+        for key, _ in BUDGET_COLUMNS:
+            logged = [budget[key] for budget in budgets if key in budget]
+            cells.append(f"{sum(logged) / len(logged):.3g}" if logged else "n/a")
+        lines.append(f"| {strategy} | {' | '.join(cells)} | {len(budgets)} |")
+    return "\n".join(lines) if found else ""
+
+
+def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per training strategy, held-out reward after RL minus after SFT, paired on the
+    same (training seed, world) cells (empty when no run measured both)."""
+    lines = [
+        "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
+        "SFT, paired on the same (training seed, world) cells; each mean and the difference "
+        "with its 95% CI by the two-way cluster bootstrap over training seeds and worlds.",
+        "",
+        "| strategy | after SFT (95% CI) | after RL (95% CI) | RL − SFT | 95% CI | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    found = one_seed = False
+    for strategy, results in groups.items():
+        both = [r for r in results if r.world_rewards and r.before_world_rewards]
+        if not both:
+            continue
+        found = True
+        after = strategy_cells(both)
+        before = strategy_cells(
+            [
+                RunResult(
+                    r.run_id,
+                    r.strategy,
+                    None,
+                    None,
+                    None,
+                    training_seed=r.training_seed,
+                    world_rewards=r.before_world_rewards,
+                )
+                for r in both
+            ]
+        )
+        d = statistics.paired_difference(after, before, "after RL", "after SFT")
+        (sft, seeds), (rl, _) = cell_summary(before), cell_summary(after)
+        one_seed = one_seed or seeds < 2
+        mark = "¹" if seeds < 2 else ""
+        lines.append(
+            f"| {strategy} | {sft.mean:.2f} ({sft.ci_low:.2f} .. {sft.ci_high:.2f}){mark} "
+            f"| {rl.mean:.2f} ({rl.ci_low:.2f} .. {rl.ci_high:.2f}){mark} | {d.mean:+.2f} "
+            f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.verdict} |"
+        )
+    if one_seed:
+        lines += ["", f"¹ {ONE_SEED}."]
+    return "\n".join(lines) if found else ""
+
+
+def participation_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy and role, the held-out share of acting steps after SFT -> after
+    RL, averaged over the strategy's runs (the paper's participation shift)."""
+    rows = []
+    for strategy, results in groups.items():
+        measured = [
+            r for r in results if r.participation.get("before") and r.participation.get("after")
+        ]
+        if not measured:
+            continue
+        roles = sorted({role for r in measured for role in r.participation["after"]})
+        shifts = []
+        for role in roles:
+            before = sum(r.participation["before"].get(role, 0.0) for r in measured) / len(measured)
+            after = sum(r.participation["after"].get(role, 0.0) for r in measured) / len(measured)
+            shifts.append(f"{role} {100 * before:.0f}% → {100 * after:.0f}%")
+        rows.append(f"| {strategy} | {'; '.join(shifts)} | {len(measured)} |")
+    if not rows:
+        return ""
+    header = [
+        "Participation on the held-out worlds (share of acting steps per role), after SFT → "
+        "after RL, mean over runs.",
+        "",
+        "| strategy | participation | runs |",
+        "|---|---|---|",
+    ]
+    return "\n".join(header + rows)
+
+
+def participation_at_table(groups: dict[str, list[RunResult]]) -> str:
+    """Who acts at fixed decisions (``participation_at/<d>/<role>``) on the held-out worlds,
+    after SFT -> after RL, mean over runs; empty when no run logged it."""
+    lines = []
+    for strategy, results in groups.items():
+        before = [r.participation.get("before_at", {}) for r in results]
+        after = [r.participation.get("after_at", {}) for r in results]
+        keys = sorted({k for p in after for k in p})
+        if not keys:
+            continue
+        for label in sorted({k.split("/")[0] for k in keys}, key=lambda x: (x == "last", x)):
+            parts = []
+            for key in (k for k in keys if k.split("/")[0] == label):
+                b = [p[key] for p in before if key in p]
+                a = [p[key] for p in after if key in p]
+                shown = f"{100 * sum(b) / len(b):.0f}% → " if b else ""
+                parts.append(f"{key.split('/')[1]} {shown}{100 * sum(a) / len(a):.0f}%")
+            lines.append(f"| {strategy} | {label} | {'; '.join(parts)} | {len(results)} |")
+    if not lines:
+        return ""
+    head = [
+        "Who acts at a fixed decision on the held-out worlds (share of episodes in which the "
+        "role acted there; the rest skipped it), after SFT → after RL, mean over runs.",
+        "",
+        "| strategy | decision | participation | runs |",
+        "|---|---|---|---|",
+    ]
+    return "\n".join(head + lines)
+
+
+def winning_bid_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy and role, the held-out share of the role's acting steps won at
+    each bid level and the mean winning bid, after SFT → after RL (or of an evaluation run),
+    mean over runs; empty when no run's rule records winning bids."""
+    shares = {strategy: winning_bid_shares(results) for strategy, results in groups.items()}
+    shares = {strategy: found for strategy, found in shares.items() if found}
+    if not shares:
+        return ""
+    levels = sorted({lv for found in shares.values() for lv in bid_levels_of(found)}, key=float)
+    lines = [
+        "Winning bids on the held-out worlds: per role, the share of its acting steps won at "
+        "each bid level and the mean winning bid (the bids bucket-brigade credit, Eq. 2, passes "
+        "upstream), after SFT → after RL, mean over the runs in which the role acted. Rules "
+        "without bids record none and have no row.",
+        "",
+        "| strategy | role | " + " | ".join(levels) + " | mean bid | runs |",
+        "|" + "---|" * (len(levels) + 4),
+    ]
+    for strategy, found in shares.items():
+        phases = [phase for phase in WINNING_BID_PHASES if phase in found]
+        runs = sum(any(p in r.winning_bids for p in phases) for r in groups[strategy])
+        for role in sorted({role for phase in phases for role in found[phase]}):
+            cells = []
+            for level in [*levels, "mean"]:
+                values = [found[phase].get(role, {}).get(level) for phase in phases]
+                shown = [
+                    "–" if v is None else (f"{v:.2f}" if level == "mean" else f"{100 * v:.0f}%")
+                    for v in values
+                ]
+                cells.append(" → ".join(shown))
+            lines.append(f"| {strategy} | {role} | {' | '.join(cells)} | {runs} |")
+    return "\n".join(lines)
+
+
+def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = None) -> str:
+    """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
+    the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds),
+    the highest pass@k's 95% CI over (training seed, world) cells (two-way cluster bootstrap;
+    empty when a run logged no per-world pass@k), with a ``reference`` strategy its paired
+    difference to the reference's, and the FLOPs per decision; empty when no run logged them."""
+    rows = {s: [r for r in rs if r.outcomes] for s, rs in groups.items()}
+    rows = {s: results for s, results in rows.items() if results}
+    if not rows:
+        return ""
+    ks = pass_ks([r.outcomes for results in rows.values() for r in results])
+    columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
+    header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks)]
+    header += [f"pass@{ks[-1]} 95% CI"] if ks else []
+    paired = bool(ks) and reference in rows
+    header += [f"pass@{ks[-1]} − {reference} (95% CI)"] if paired else []
+    header += ["FLOPs/decision", "runs"]
+    lines = [
+        "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
+        "runs, mean over worlds per training run; here mean ± SE over the training runs), the "
+        "highest pass@k's 95% CI by the two-way cluster bootstrap over training seeds and "
+        "worlds (it spans only values seen: cells all 0% give 0% .. 0%), and the evaluation's "
+        "FLOPs per decision (bids and actions of every agent).",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for strategy, results in rows.items():
+        outcomes = [r.outcomes for r in results]
+        cells = [strategy, f"{outcomes[0].get('agents', float('nan')):.0f}"]
+        for column in columns:
+            values = [o[column] for o in outcomes if column in o]
+            if not values:
+                cells.append("")
+                continue
+            summary = statistics.summarize(values)
+            cells.append(f"{100 * summary.mean:.1f}% ± {100 * summary.se:.1f}")
+        if ks:
+            cells.append(pass_interval(results, ks[-1]))
+        if paired:
+            cells.append(pass_difference(results, rows[reference], ks[-1]))
+        flops = [o["flops_per_decision"] for o in outcomes if "flops_per_decision" in o]
+        cells.append(f"{sum(flops) / len(flops):.3g}" if flops else "")
+        cells.append(str(len(outcomes)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def pass_interval(results: list[RunResult], k: int) -> str:
+    """``low% .. high%``: the 95% two-way cluster bootstrap interval of pass@k over the runs'
+    (training seed, world) cells; empty when a run logged no per-world pass@k."""
+    cells = pass_cells(results, k)
+    if cells is None:
+        return ""
+    summary = statistics.clustered_summary(cells)
+    return f"{100 * summary.ci_low:.1f}% .. {100 * summary.ci_high:.1f}%"
+
+
+def pass_difference(results: list[RunResult], reference: list[RunResult], k: int) -> str:
+    """``+d (low .. high)`` in points: pass@k of ``results`` minus the ``reference`` runs' on
+    the (training seed, world) cells both hold (:func:`bidswarm.statistics.paired_difference`);
+    empty when a run logged no per-world pass@k or they share no cell."""
+    mine, theirs = pass_cells(results, k), pass_cells(reference, k)
+    if mine is None or theirs is None:
+        return ""
+    if results is reference:
+        return "reference"
+    if not mine.keys() & theirs.keys():
+        return ""
+    d = statistics.paired_difference(mine, theirs)
+    return f"{100 * d.mean:+.1f} ({100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f})"
