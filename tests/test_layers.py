@@ -5,7 +5,8 @@ Bottom: ``algorithms`` (pure math), ``envs``, ``statistics``, ``plots``; then th
 rules (pure decisions: they import no collector, no model, no torch); ``config``; ``agents``
 and ``tracking``; ``rollout`` (the collector); ``lit`` (the learners); ``run``, ``train``,
 ``evaluate`` and ``report`` on top. A module may import its own layer's package or any
-lower layer.
+lower layer. A package is one layer whatever its modules (``run/``: phases, preflight,
+resume, build, demonstrations, credit_rules, recording).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ LAYERS = {
     "rollout": 4,
     "lit": 5,
     "transcripts": 5,
-    "run": 6,
+    "run": 6,  # the package: its phases and the checks, builders and records they use
     "train": 7,
     "evaluate": 7,
     "report": 7,

@@ -41,7 +41,7 @@ from bidswarm.lit.callbacks import (
     resume_checkpoint,
 )
 from bidswarm.lit.strategy import ExplainingProcessObserver
-from bidswarm.run import ResumeError, check_resume, load_state, method_changes
+from bidswarm.run.resume import ResumeError, check_resume, load_state, method_changes
 from conftest import CONF, ROOT
 
 register_configs()
@@ -373,7 +373,7 @@ DRIVER = textwrap.dedent(
     import torch
     from bidswarm.envs.crafting.env import CraftingEnv
     from bidswarm.lit.swarm_module import SwarmModule
-    from bidswarm.run import Run
+    from bidswarm.run.phases import Run
 
     POINT, UPDATE = sys.argv.pop(1), int(sys.argv.pop(1))
     now = {"update": None, "steps": 0}

@@ -26,7 +26,8 @@ from bidswarm import console
 from bidswarm.config import refuse_unknown_choices, register_configs
 from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
 from bidswarm.lit.strategy import explain_stop
-from bidswarm.run import Run, preflight
+from bidswarm.run.phases import Run
+from bidswarm.run.preflight import preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
