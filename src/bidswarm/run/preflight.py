@@ -1,6 +1,6 @@
-"""Everything a run can be refused for before a folder, a model or an env is made: by Hydra's
-callback :class:`Preflight` (a single run, before Hydra makes its folder), and by
-``bidswarm.train.main`` for each job."""
+"""Everything a run can be refused for before a folder, a model or an env is made, checked once
+per job: by Hydra's callback :class:`Preflight` (a single run, before Hydra makes its folder),
+else by ``bidswarm.train.main`` (a sweep's job, or Hydra without the callback)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from bidswarm import tracking
@@ -37,3 +38,16 @@ class Preflight(Callback):
         except (ValueError, CheckpointError, tracking.TrackingUnavailable) as error:
             # Hydra turns a callback's exceptions into warnings and goes on: exit here.
             sys.exit(f"Error: {error}")
+
+
+PREFLIGHT_TARGET = f"{Preflight.__module__}.{Preflight.__qualname__}"
+"""How ``hydra.callbacks`` names :class:`Preflight` (``_target_``)."""
+
+
+def checked_at_hydra_start(hydra_cfg: DictConfig) -> bool:
+    """Whether :class:`Preflight` already checked this job's config (``hydra_cfg``: Hydra's
+    own config of the job): a single run whose ``hydra.callbacks`` hold the callback. A
+    sweep's job is checked by itself: its values are not those of the sweep's config."""
+    return hydra_cfg.mode == RunMode.RUN and any(
+        callback.get("_target_") == PREFLIGHT_TARGET for callback in hydra_cfg.callbacks.values()
+    )
