@@ -86,7 +86,9 @@ def test_the_schema_defaults_are_the_values_train_yaml_writes(section):
     for key, value in written.items():
         if isinstance(value, str) and value.startswith("${model."):
             value = model[value.removeprefix("${model.").removesuffix("}")]
-        assert schema[key] == value, f"{section}.{key}: train.yaml {value!r}, schema {schema[key]!r}"
+        assert schema[key] == value, (
+            f"{section}.{key}: train.yaml {value!r}, schema {schema[key]!r}"
+        )
 
 
 def test_the_budget_rules_default_to_matched_passes_and_action_updates():
