@@ -47,7 +47,11 @@ from bidswarm.config import Adapter, ModelConfig
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import play_expert_episode
-from bidswarm.run import action_token_budget, budget_worlds, expert_demonstrations
+from bidswarm.run.demonstrations import (
+    action_limit_worlds,
+    action_token_limit,
+    expert_demonstrations,
+)
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
@@ -257,8 +261,8 @@ def bench_model(
     population.eval()
     template = PromptTemplate.for_env(env, cfg.prompt_style, population[0].tokenizer, LEVELS)
     progress(f"{name}: built {len(population)} agents in {time.perf_counter() - started:.1f}s")
-    demos = expert_demonstrations(env, budget_worlds(env), LEVELS)
-    budget = action_token_budget(cfg.max_action_tokens, demos, template, population[0].tokenizer)
+    demos = expert_demonstrations(env, action_limit_worlds(env), LEVELS)
+    budget = action_token_limit(cfg.max_action_tokens, demos, template, population[0].tokenizer)
     bench = Bench(population, template, cfg, budget)
     rates = compare_paths(bench, n_envs, naive_envs, rounds, device)
     batched, naive = rates["dynamic"], rates["naive"]

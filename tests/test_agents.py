@@ -14,10 +14,10 @@ from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
 from bidswarm.config import ModelConfig, TinyArchConfig
 from bidswarm.envs import env_class
-from bidswarm.run import (
-    BUDGET_EPISODES,
+from bidswarm.run.demonstrations import (
+    ACTION_LIMIT_WORLDS,
     REPLY_TOKEN_MARGIN,
-    action_token_budget,
+    action_token_limit,
     expert_demonstrations,
 )
 
@@ -408,17 +408,17 @@ def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, templ
 
 
 @pytest.mark.parametrize("task", ["crafting", "navigation", "research"])
-def test_derived_action_budget_fits_every_expert_reply(task):
+def test_derived_action_token_limit_fits_every_expert_reply(task):
     env_type = env_class(task)
     env = env_type(env_type.Config())
     template = PromptTemplate.for_env(env, "compact", None, LEVELS)
-    seeds = env.train_seeds()[:BUDGET_EPISODES]
+    seeds = env.train_seeds()[:ACTION_LIMIT_WORLDS]
     demos = [demo for demo in expert_demonstrations(env, seeds, LEVELS) if demo.kind == "action"]
     tokenizer = build_tokenizer(template.demonstration_texts(demos), 512)
-    budget = action_token_budget(None, demos, template, tokenizer)
+    budget = action_token_limit(None, demos, template, tokenizer)
     lengths = [len(tokenizer(template.reply_text(demo.reply))["input_ids"]) for demo in demos]
     assert budget == max(lengths) + REPLY_TOKEN_MARGIN
-    assert action_token_budget(5, demos, template, tokenizer) == 5  # an explicit cap is kept
+    assert action_token_limit(5, demos, template, tokenizer) == 5  # an explicit cap is kept
 
 
 def test_micro_batches_bound_the_padded_tokens_of_a_forward():
@@ -444,7 +444,7 @@ def test_sequence_logprobs_in_micro_batches_equal_one_forward(agent, template):
 def test_expert_episodes_are_played_once_at_start_up(monkeypatch):
     from omegaconf import OmegaConf
 
-    import bidswarm.run as run
+    import bidswarm.run.demonstrations as run
 
     played = []
     real = run.play_expert_episode
@@ -459,7 +459,7 @@ def test_expert_episodes_are_played_once_at_start_up(monkeypatch):
         {"seed": 0, "sft": {"demo_episodes": 20}, "coordination": {"bid_levels": LEVELS}}
     )
     sft, budget = run.start_demonstrations(env, cfg)
-    worlds = run.demonstration_worlds(env, cfg) + run.budget_worlds(env)
+    worlds = run.demonstration_worlds(env, cfg) + run.action_limit_worlds(env)
     assert sorted(played) == sorted(set(worlds)) and len(played) == len(set(played))
     assert sft == run.expert_demonstrations(env, run.demonstration_worlds(env, cfg), LEVELS)
-    assert budget == run.expert_demonstrations(env, run.budget_worlds(env), LEVELS)
+    assert budget == run.expert_demonstrations(env, run.action_limit_worlds(env), LEVELS)

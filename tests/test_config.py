@@ -180,7 +180,7 @@ def test_the_smoke_profile_is_sized_per_model():
 def test_trainer_deterministic_reaches_the_trainer(tmp_path):
     from types import SimpleNamespace
 
-    from bidswarm.run import Run
+    from bidswarm.run.phases import Run
 
     cfg = compose_train(["trainer.deterministic=true"])
     run = SimpleNamespace(cfg=cfg, logger=None, run_dir=tmp_path)

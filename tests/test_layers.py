@@ -6,7 +6,8 @@ Bottom: ``checks`` (the ``key=value: what is allowed`` lines every config check 
 (pure decisions: they import no collector, no model, no torch); ``config`` (its schemas and
 validation import no torch either); ``agents`` and ``tracking``; ``rollout`` (the collector);
 ``lit`` (the learners); ``run``, ``train``, ``evaluate`` and ``report`` on top. A module may
-import its own layer's package or any lower layer.
+import its own layer's package or any lower layer. A package is one layer whatever its modules
+(``run/``: phases, preflight, resume, build, demonstrations, recording).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ LAYERS = {
     "rollout": 5,
     "lit": 6,
     "transcripts": 6,
-    "run": 7,
+    "run": 7,  # the package: its phases and the checks, builders and records they use
     "train": 8,
     "evaluate": 8,
     "report": 8,

@@ -24,6 +24,7 @@ import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from hydra.types import RunMode
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
@@ -41,7 +42,8 @@ from bidswarm.lit.callbacks import (
     resume_checkpoint,
 )
 from bidswarm.lit.strategy import ExplainingProcessObserver
-from bidswarm.run import ResumeError, check_resume, load_state, method_changes
+from bidswarm.run.preflight import checked_at_hydra_start
+from bidswarm.run.resume import ResumeError, check_resume, load_state, method_changes
 from conftest import CONF, ROOT
 
 register_configs()
@@ -242,6 +244,20 @@ def test_resume_may_lengthen_the_schedule(tmp_path):
     assert method_changes(saved, compose_train(["debug=smoke", "eval.runs_per_seed=5"])) == []
 
 
+def test_preflight_runs_once_per_job():
+    """A single run is checked by Hydra's callback (before Hydra makes its folder), so main
+    does not check it again; a sweep's job, or Hydra without the callback, is checked by main."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        hydra_cfg = compose("train", return_hydra_config=True).hydra
+    hydra_cfg.mode = RunMode.RUN
+    assert checked_at_hydra_start(hydra_cfg)
+    hydra_cfg.mode = RunMode.MULTIRUN
+    assert not checked_at_hydra_start(hydra_cfg)
+    hydra_cfg.mode = RunMode.RUN
+    hydra_cfg.callbacks = {}
+    assert not checked_at_hydra_start(hydra_cfg)
+
+
 def test_a_damaged_state_file_is_named(tmp_path):
     (tmp_path / "state.json").write_text('{"sft_done": tr')
     with pytest.raises(ResumeError, match=r"state\.json is damaged"):
@@ -373,7 +389,7 @@ DRIVER = textwrap.dedent(
     import torch
     from bidswarm.envs.crafting.env import CraftingEnv
     from bidswarm.lit.swarm_module import SwarmModule
-    from bidswarm.run import Run
+    from bidswarm.run.phases import Run
 
     POINT, UPDATE = sys.argv.pop(1), int(sys.argv.pop(1))
     now = {"update": None, "steps": 0}

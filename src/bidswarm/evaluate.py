@@ -39,7 +39,7 @@ from bidswarm.envs import TASKS, env_class
 from bidswarm.envs.base import MONOLITHIC
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
-from bidswarm.run import build_rollout_loop
+from bidswarm.run.build import build_rollout_loop
 
 CHECKPOINTS = ("final", "sft")
 """Populations every finished training run folder holds (after RL, after the cold start)."""

@@ -26,7 +26,8 @@ from bidswarm import console
 from bidswarm.config import refuse_unknown_choices, register_configs
 from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
 from bidswarm.lit.strategy import explain_stop
-from bidswarm.run import Run, preflight
+from bidswarm.run.phases import Run
+from bidswarm.run.preflight import checked_at_hydra_start, preflight
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -119,7 +120,8 @@ def threads_per_job(hydra_cfg: DictConfig, cores: int | None = None) -> int | No
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")
 def main(cfg: DictConfig) -> float:
     console.configure(cfg.verbose)
-    preflight(cfg)  # again per job: a sweep's jobs differ from the config Preflight saw
+    if not checked_at_hydra_start(HydraConfig.get()):
+        preflight(cfg)  # a sweep's job (its values are not the sweep's), or no Preflight
     # Decoding grows KV caches a token at a time and training asks for activations of other
     # sizes: with fixed-size segments the allocator's cache fragments (an OOM with 140 GiB in
     # use, 33 GiB of it in tensors). Growable segments are read at the first CUDA allocation.

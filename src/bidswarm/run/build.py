@@ -1,0 +1,85 @@
+"""What a run is made of: its population (new, after SFT, or from ``init_from=``) and the
+rollout loop around it (also what ``bidswarm.evaluate`` plays checkpoints with)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.coordination import RULES, make_coordination
+from bidswarm.envs import make_env
+from bidswarm.envs.base import MONOLITHIC, TextEnv
+from bidswarm.envs.experts import Demonstration
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.swarm import Swarm
+from bidswarm.run.demonstrations import (
+    action_limit_worlds,
+    action_token_limit,
+    expert_demonstrations,
+)
+from bidswarm.run.resume import init_population_folder
+
+
+def population_roles(cfg: DictConfig, env: TextEnv) -> list[str | None]:
+    """Monolithic: one agent owning every role; otherwise one agent per role (times replicas)."""
+    return [MONOLITHIC] if RULES[cfg.coordination.name].monolithic else list(env.roles)
+
+
+def build_population(
+    cfg: DictConfig,
+    env: TextEnv,
+    run_dir: Path,
+    state: dict[str, Any],
+    demonstrations: list[Demonstration],
+) -> Population:
+    """The run's agents: those saved after SFT (``state`` says ``sft_done``), else the
+    ``init_from=`` run's final agents (checked by :func:`bidswarm.run.preflight.preflight`),
+    else new ones whose tokenizer (tiny models) reads the task, its roles and
+    ``demonstrations``."""
+    if state.get("sft_done"):
+        return Population.from_pretrained(run_dir / "sft")
+    if cfg.init_from is not None:
+        source = Population.from_pretrained(init_population_folder(cfg))
+        return source.replicate(cfg.coordination.replicas)
+    texts = PromptTemplate.for_env(env, "compact", None, list(cfg.coordination.bid_levels))
+    corpus = [env.task_description] + [env.role_description(r) for r in env.roles]
+    corpus += texts.demonstration_texts(demonstrations) + env.vocabulary_texts()
+    return Population.build(
+        cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus
+    )
+
+
+def build_rollout_loop(
+    cfg: DictConfig,
+    population: Population,
+    bid_population: Population | None = None,
+    action_limit_demonstrations: list[Demonstration] | None = None,
+) -> RolloutLoop:
+    """Prompts, swarm and coordination rule of ``cfg`` around ``population`` (which acts) and
+    ``bid_population`` (which bids; default the same agents). ``action_limit_demonstrations``:
+    the experts' demonstrations on :func:`action_limit_worlds` if the caller played them
+    already."""
+    task_config = OmegaConf.to_object(cfg.task)
+    env = make_env(task_config)
+    levels = list(cfg.coordination.bid_levels)
+    tokenizer = population.agents[0].tokenizer
+    prompts = PromptTemplate.for_env(env, cfg.model.prompt_style, tokenizer, levels)
+    if action_limit_demonstrations is None and cfg.model.max_action_tokens is None:
+        action_limit_demonstrations = expert_demonstrations(env, action_limit_worlds(env), levels)
+    swarm = Swarm(
+        population,
+        prompts,
+        cfg.model.max_bid_tokens,
+        action_token_limit(
+            cfg.model.max_action_tokens, action_limit_demonstrations or [], prompts, tokenizer
+        ),
+        cfg.model.temperature,
+        bid_population=bid_population,
+        token_budget=cfg.model.micro_batch_tokens,
+    )
+    coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
+    return RolloutLoop(lambda: make_env(task_config), swarm, coordination)

@@ -1,0 +1,213 @@
+"""What a run records for its readers besides the metrics its phases log: the MLflow logger
+(:class:`RunLogger`), artifacts, transcripts, the trained agents, the
+run's end status and the summary it prints (docs/mlflow.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig
+
+from bidswarm import tracking, transcripts
+from bidswarm.agents.population import Population, agent_folder_name
+from bidswarm.algorithms.credit import CreditRule
+from bidswarm.envs.base import role_name
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.records import Episode
+
+
+class RunLogger(MLFlowLogger):
+    """Lightning's MLflow logger without Lightning's bookkeeping metric ``epoch`` (an update
+    is a step: ``epoch`` would repeat it), sampling MLflow's system metrics (``system/*``:
+    CPU, memory, GPU) while :meth:`start_system_metrics` ... :meth:`stop_system_metrics`."""
+
+    BOOKKEEPING = ("epoch",)
+    SYSTEM_METRICS_INTERVAL_S = 5
+    RUN_END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+    """What :func:`end_tracking` ends the run with; Lightning's own ``finalize("success")`` at
+    the end of each fit (SFT, then RL) would mark the run finished while it goes on."""
+
+    _system_monitor: Any = None
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        kept = {key: value for key, value in metrics.items() if key not in self.BOOKKEEPING}
+        if kept:
+            super().log_metrics(kept, step)
+
+    @rank_zero_only
+    def finalize(self, status: str = "success") -> None:
+        if status in self.RUN_END_STATUSES:
+            super().finalize(status)
+
+    @rank_zero_only
+    def start_system_metrics(self) -> None:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        if self._system_monitor is None:
+            self._system_monitor = SystemMetricsMonitor(
+                self.run_id,
+                sampling_interval=self.SYSTEM_METRICS_INTERVAL_S,
+                resume_logging=True,
+                tracking_uri=self._tracking_uri,
+            )
+            self._system_monitor.start()
+
+    @rank_zero_only
+    def stop_system_metrics(self) -> None:
+        if self._system_monitor is not None:
+            self._system_monitor.finish()
+            self._system_monitor = None
+
+
+def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
+    if cfg.logger.name == "csv":
+        return CSVLogger(save_dir=str(run_dir), name="csv")
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking.tracking_uri(cfg.logger.tracking_uri)
+    tags = {
+        "bidswarm.run_dir": str(run_dir.resolve()),
+        tracking.OVERRIDES_TAG: tracking.hydra_overrides(),
+    }
+    parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name) if run_id is None else None
+    if parent is not None:
+        tags["mlflow.parentRunId"] = parent
+    # Made here, not by the logger: artifacts under outputs/, the UI's model-training view.
+    tracking.experiment_id(MlflowClient(uri), cfg.logger.experiment_name)
+    return RunLogger(
+        experiment_name=cfg.logger.experiment_name,
+        run_name=tracking.run_name(),
+        tracking_uri=uri,
+        tags=tags,
+        run_id=run_id,
+    )
+
+
+def log_artifact(logger: Logger, path: Path) -> None:
+    """``path`` (a file or a folder) as an artifact of the MLflow run (rank 0; none with CSV)."""
+    if isinstance(logger, MLFlowLogger) and rank_zero_only.rank == 0:
+        logger.experiment.log_artifact(logger.run_id, str(path))
+
+
+def population_params(population: Population) -> dict[str, Any]:
+    """``agents/roles`` and ``agents/<agent>/params`` (parameter count of each agent)."""
+    params: dict[str, Any] = {"agents/roles": ",".join(role_name(r) for r in population.roles)}
+    for index, agent in enumerate(population.agents):
+        name = agent_folder_name(index, agent.role)
+        params[f"agents/{name}/params"] = sum(p.numel() for p in agent.parameters())
+    return params
+
+
+AGENTS_ARTIFACT_LIMIT_MB = 500
+"""Trained agents up to this size are copied into the MLflow artifact store (a tiny population
+is ~2 MB, SmolLM2-135M x 3 ~1.6 GB): larger ones stay in the run folder only."""
+
+
+def log_agents(logger: Logger, folder: Path, lora_base_folder: Path | None) -> None:
+    """The trained agents (``folder``: ``final/``, with the run's LoRA ``base/`` it names when
+    ``lora_base_folder`` is given) as the artifacts ``final/`` (and ``base/``), unless larger
+    than :data:`AGENTS_ARTIFACT_LIMIT_MB` (then the tag ``bidswarm.final`` says where they
+    are)."""
+    folders = [folder]
+    if lora_base_folder is not None:
+        folders.append(lora_base_folder)
+    files = [f for part in folders for f in part.rglob("*") if f.is_file()]
+    size_mb = sum(f.stat().st_size for f in files) / 2**20
+    if size_mb <= AGENTS_ARTIFACT_LIMIT_MB:
+        for part in folders:
+            log_artifact(logger, part)
+    elif isinstance(logger, MLFlowLogger):
+        limit = AGENTS_ARTIFACT_LIMIT_MB
+        note = f"{folder.resolve()} ({size_mb:.0f} MB, over the {limit} MB limit)"
+        logger.experiment.set_tag(logger.run_id, "bidswarm.final", note)
+
+
+def write_transcripts(
+    logger: Logger,
+    cfg: DictConfig,
+    run_dir: Path,
+    name: str,
+    heading: str,
+    written: list[transcripts.Transcript],
+    tags: dict[str, str],
+) -> None:
+    """``transcripts/<name>.html`` and one MLflow trace per transcript (with ``tags``)."""
+    folder = run_dir / "transcripts"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.html").write_text(transcripts.render_html(heading, written))
+    log_artifact(logger, folder)
+    if isinstance(logger, MLFlowLogger):
+        import mlflow
+
+        uri = tracking.tracking_uri(cfg.logger.tracking_uri)
+        if mlflow.get_tracking_uri() != uri:
+            mlflow.set_tracking_uri(uri)
+        transcripts.log_traces(logger.experiment_id, logger.run_id, written, tags)
+
+
+def evaluation_transcripts(
+    key: str, episodes: list[Episode], loop: RolloutLoop, rule: CreditRule, seed: int
+) -> list[transcripts.Transcript]:
+    """A few of the evaluation ``key``'s episodes (drawn with ``seed``), step by step, with the
+    credit ``rule`` gives each acting step."""
+    sampled = transcripts.sample_episodes(episodes, transcripts.EPISODES_PER_EVALUATION, seed)
+    levels = loop.swarm.bid_levels
+    return [
+        transcripts.transcript(
+            episode,
+            f"{key} episode {n}",
+            loop.swarm.roles,
+            transcripts.credits_of(episode, rule, levels, seed),
+        )
+        for n, episode in enumerate(sampled)
+    ]
+
+
+def end_tracking(logger: Logger, run_dir: Path, status: str) -> None:
+    """End the tracking run as ``FINISHED``, ``FAILED`` or ``KILLED`` (a stop signal), with
+    Hydra's job log ``train.log`` as an artifact."""
+    if isinstance(logger, RunLogger):
+        logger.stop_system_metrics()
+    if (run_dir / "train.log").is_file():  # Hydra's job log: ours and the libraries'
+        log_artifact(logger, run_dir / "train.log")
+    if isinstance(logger, MLFlowLogger):
+        logger.finalize(status)  # MLflow's own status names
+    else:
+        logger.finalize("success" if status == "FINISHED" else "failed")
+
+
+def summary(cfg: DictConfig, run_dir: Path, state: dict[str, Any], logger: Logger) -> str:
+    """Where the run is; held-out reward before and after RL, and after RL minus before RL
+    paired on the same held-out worlds (95% CI, verdict); the MLflow run's address."""
+    from bidswarm.statistics import paired_difference
+
+    before = state.get("eval_before", {}).get("reward/mean")
+    after = state.get("eval_after", {}).get("reward/mean")
+    lines = ["", f"[bidswarm] run folder: {run_dir}"]
+    if before is not None:
+        lines.append(f"[bidswarm] held-out reward before RL (after SFT): {before:.2f}")
+    if after is not None:
+        result = state["eval_after"]
+        line = f"[bidswarm] held-out reward after RL: {after:.2f} +- {result['reward/se']:.2f}"
+        if "reward/ci_low" in result:  # absent from runs evaluated before CIs existed
+            line += f" (95% CI {result['reward/ci_low']:.2f} .. {result['reward/ci_high']:.2f})"
+        lines.append(line)
+    worlds_before = state.get("eval_before_worlds")
+    worlds_after = state.get("eval_after_worlds")
+    if worlds_before and worlds_after:
+        diff = paired_difference(worlds_after, worlds_before, "after RL", "before RL")
+        lines.append(
+            f"[bidswarm] after RL - before RL on the same {diff.n} held-out worlds: "
+            f"{diff.mean:+.2f} (95% CI {diff.ci_low:+.2f} .. {diff.ci_high:+.2f}): "
+            f"{diff.verdict}"
+        )
+    if isinstance(logger, MLFlowLogger):
+        uri = tracking.tracking_uri(cfg.logger.tracking_uri)
+        url = tracking.run_url(uri, logger.experiment_id, logger.run_id)
+        serve = tracking.ui_command(uri)
+        lines.append(f"[bidswarm] MLflow run: {url}" + (f"  (after `{serve}`)" if serve else ""))
+    return "\n".join(lines)
