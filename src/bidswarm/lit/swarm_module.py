@@ -228,10 +228,9 @@ class SwarmModule(L.LightningModule):
         policy = self.population.agents[batch.agent]
         weights = torch.tensor(batch.weights, dtype=torch.float32, device=policy.device)
         weight_sum = float(weights.sum())
-        budget = self.rl.micro_batch_tokens
         total = torch.zeros((), device=policy.device)
         # A pair is two rows of one forward: half the budget per pair row.
-        for part in micro_batches(batch.row_tokens, None if budget is None else budget // 2):
+        for part in micro_batches(batch.row_tokens, self.rl.micro_batch_tokens // 2):
             prompts = [batch.prompt_ids[i] for i in part] * 2
             replies = [batch.preferred_ids[i] for i in part] + [batch.rejected_ids[i] for i in part]
             logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bidswarm.algorithms.credit import CreditRule
-from bidswarm.rollout.loop import group_by
+from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.memory_credit import episode_reads
 from bidswarm.rollout.records import Episode, PreferencePair
 

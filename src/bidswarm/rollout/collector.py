@@ -33,7 +33,8 @@ from bidswarm.rollout.batches import (
     preference_batches,
 )
 from bidswarm.rollout.forks import ForkExample, fork_pairs
-from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
+from bidswarm.rollout.keyed import seeded_randomness
+from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.memory_credit import memory_tree_metrics
 from bidswarm.rollout.metrics import episode_metrics, timed
 from bidswarm.rollout.usage import Usage

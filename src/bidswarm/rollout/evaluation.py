@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bidswarm.rollout.loop import RolloutLoop, seeded_randomness
+from bidswarm.rollout.keyed import seeded_randomness
+from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.metrics import episode_metrics
 from bidswarm.rollout.records import Episode
 from bidswarm.rollout.usage import Usage

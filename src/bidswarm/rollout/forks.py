@@ -19,7 +19,8 @@ from bidswarm.algorithms.losses import fork_preference
 from bidswarm.algorithms.resampling import rejection_keep_probability
 from bidswarm.config import BidResampling, ForkSteps, RLConfig
 from bidswarm.envs.base import TextEnv
-from bidswarm.rollout.loop import RolloutLoop, group_by
+from bidswarm.rollout.keyed import group_by
+from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, PreferencePair, Reply, StepRecord
 
 

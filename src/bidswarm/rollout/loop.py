@@ -10,38 +10,16 @@ never sees a model or an environment (``coordination/base.py``).
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
 
 import torch
 
 from bidswarm.coordination.base import CoordinationRule, Decision, Situation
 from bidswarm.envs.base import MONOLITHIC, TextEnv
+from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
-
-Item = TypeVar("Item")
-
-
-def group_by(items: Iterable[Item], key: Callable[[Item], Any]) -> list[tuple[Any, list[Item]]]:
-    """``(key, [items with that key])`` in increasing key order, items in their given order:
-    how every per-agent batch of the collector is formed."""
-    groups: dict[Hashable, list[Item]] = {}
-    for item in items:
-        groups.setdefault(key(item), []).append(item)
-    return sorted(groups.items(), key=lambda group: group[0])
-
-
-def seeded_randomness(
-    key: str, device: torch.device | str
-) -> tuple[random.Random, torch.Generator]:
-    """The ``random.Random`` (auction ties, world draws) and the ``torch.Generator`` on
-    ``device`` (sampling) that ``key`` determines: the same key replays the same rollouts."""
-    rng = random.Random(key)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(rng.randrange(2**63))
-    return rng, generator
 
 
 class RolloutLoop:
@@ -116,9 +94,9 @@ class RolloutLoop:
                 first_actors = None
             else:
                 live_episodes = [episodes[i] for i in live]
-                situations, bids, actions = self._gather(live_envs, live_episodes, generator, rng)
+                situations, bids, proposals = self._gather(live_envs, live_episodes, generator, rng)
                 decisions = self.coordination.decide(situations, rng)
-                actions = self._proposed_actions(decisions, actions)
+                actions = self._proposed_actions(decisions, proposals)
             self._generate_actions(live_envs, decisions, actions, generator)
             rewards = []
             for env_index, env, decision, step_bids, action in zip(
