@@ -3,6 +3,9 @@
 The same model writes the agent's bid and, when it wins the auction, its action (PAPER.md
 section 1). Generation is batched over many environments in one forward batch (left padding,
 KV cache); log-probs of sampled replies are recomputed with gradient by a separate forward pass.
+One module over 400 lines on purpose: sampling, scoring and the gradient forward must agree on
+padding, position ids and temperature (DESIGN.md, transformers 5), so they are written side by
+side.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ reward from the judge; otherwise the episode ends when the decision budget is sp
 Everything that decides the future is plain data in ``self._state`` (question, open page and
 its offset, last results, notes, counters); the corpus, its BM25 index and the judge are
 immutable and shared by every environment of the process. Nothing random happens after
-``reset``: the question comes from the seed and the tools are deterministic.
+``reset``: the question comes from the seed and the tools are deterministic. One module over
+400 lines on purpose: the three tools, the browser state they share and its observation are
+one world; the corpus, the search index and the judge live apart.
 """
 
 from __future__ import annotations
