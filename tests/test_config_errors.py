@@ -116,6 +116,19 @@ INVALID = [
     (["trainer.strategy=fsdp"], "trainer.strategy", "'fsdp'", "ddp"),
     (["trainer.precision=8-bit"], "trainer.precision", "'8-bit'", "32-true"),
     (["trainer.strategy=deepspeed_stage_2"], "trainer.accelerator", "'cpu'", "DeepSpeed"),
+    (["trainer=deepspeed_stage_2"], "rl.grad_clip", "1.0", "DeepSpeed's global gradient_clipping"),
+    (
+        ["trainer.gradient_clipping=1.0"],
+        "trainer.gradient_clipping",
+        "1.0",
+        "deepspeed strategy only",
+    ),
+    (
+        ["trainer=deepspeed_stage_3", "rl.grad_clip=0", "trainer.gradient_clipping=-1"],
+        "trainer.gradient_clipping",
+        "-1.0",
+        ">= 0",
+    ),
     (
         ["logger.tracking_uri=outputs/mlflow.db"],
         "logger.tracking_uri",
@@ -226,7 +239,7 @@ def test_a_rule_name_whose_parameters_the_yaml_lacks_is_refused():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 @pytest.mark.parametrize("trainer", ["gpu", "deepspeed_stage_2", "multinode"])
 def test_gpu_trainer_without_cuda_is_refused_by_the_machine_check(trainer):
-    cfg = compose_train([f"trainer={trainer}"])
+    cfg = compose_train([f"trainer={trainer}", "rl.grad_clip=0"])  # DeepSpeed: not per agent
     validate(cfg)  # the values are fine; this machine cannot run them
     with pytest.raises(ConfigError, match=r"trainer\.accelerator='gpu': no CUDA device"):
         check_machine(cfg)

@@ -691,3 +691,33 @@ def test_a_sweep_tracks_to_a_real_mlflow_server(tmp_path, mlflow_server):
         assert {"resolved_config.yaml", "state.json", "reward_vs_flops.png"} <= names
     uploaded = {p.name for p in server_artifacts.rglob("*") if p.is_file()}
     assert {"resolved_config.yaml", "state.json"} <= uploaded
+
+
+@pytest.mark.slow
+def test_a_resumed_run_logs_each_step_of_each_metric_once(tmp_path, uninterrupted):
+    """SIGKILL while the checkpoint of 3 updates is written: the third update (step 2) was
+    logged to MLflow but the last complete checkpoint holds 2 updates, so the resumed run redoes
+    it. The MLflow history of every metric then holds each step once, every update's included."""
+    from mlflow.tracking import MlflowClient
+
+    run_dir, env = tmp_path / "run", cli_env(tmp_path)
+    driver = start_cli(run_dir, *COMMON, env=env, driver=(DRIVER, "checkpoint", "3"))
+    code, output = finish(driver)
+    assert code == -signal.SIGKILL, output[-4000:]
+    assert saved_updates(run_dir) == 2
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    run_id = load_state(run_dir)["mlflow_run_id"]
+    assert [m.step for m in client.get_metric_history(run_id, "flops/total")] == [0, 1, 2]
+    run_cli(tmp_path / "resumed", *COMMON, f"resume={run_dir}", env=env)
+    assert trace(run_dir) == uninterrupted
+    metrics = client.get_run(run_id).data.metrics
+    assert "eval_after/reward/mean" in metrics and "flops/total" in metrics
+    for key in metrics:
+        if key.startswith("system/"):  # sampled by MLflow's monitor on its own clock
+            continue
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice at a step: {sorted(steps)}"
+    history = sorted(client.get_metric_history(run_id, "flops/total"), key=lambda m: m.step)
+    assert [m.step for m in history] == [0, 1, 2, 3]
+    expected = [update["flops/total"] for update in uninterrupted["updates"]]
+    assert [m.value for m in history] == expected

@@ -15,10 +15,12 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader
 
+from bidswarm.config import ConfigError, validate
 from bidswarm.lit.memory import gpu_memory
 from bidswarm.lit.strategy import ExplainingLauncher, build_strategy
 from conftest import ROOT
@@ -56,6 +58,27 @@ def test_deepspeed_strategy_starts_without_a_batch_sampler(name, stage, tmp_path
     config = deepspeed_config_for(build_strategy(name, tmp_path))
     assert config["train_micro_batch_size_per_gpu"] == 1
     assert config["zero_optimization"]["stage"] == stage
+    assert config["gradient_clipping"] == 0.0
+
+
+@pytest.mark.parametrize("name", ["deepspeed_stage_2", "multinode", "deepspeed_stage_3"])
+def test_under_deepspeed_its_global_clip_applies_and_the_per_agent_clip_is_refused(name, tmp_path):
+    """ZeRO keeps gradients in its own buffers (``p.grad`` stays empty), so the per-agent clip
+    would clip nothing: the config check refuses it, naming DeepSpeed's ``gradient_clipping``,
+    and the trainer config's norm reaches the DeepSpeed config of the strategy object."""
+    pytest.importorskip("deepspeed")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        per_agent = compose("train", overrides=[f"trainer={name}"])
+        cfg = compose("train", overrides=[f"trainer={name}", "rl.grad_clip=0"])
+    with pytest.raises(
+        ConfigError, match=r"rl\.grad_clip=1\.0: must be 0 under .*gradient_clipping"
+    ):
+        validate(per_agent)
+    validate(cfg)
+    strategy = build_strategy(cfg.trainer.strategy, tmp_path, cfg.trainer.gradient_clipping)
+    assert (
+        deepspeed_config_for(strategy)["gradient_clipping"] == cfg.trainer.gradient_clipping == 1.0
+    )
 
 
 def test_gpu_memory_is_measured_on_cuda_devices_only():
@@ -118,7 +141,8 @@ def finished(run_dir: Path) -> dict:
 def test_smoke_on_one_gpu(tmp_path, trainer):
     if trainer.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
-    run_dir = run_cli(tmp_path, *SMOKE, f"trainer={trainer}")
+    clip = ("rl.grad_clip=0",) if trainer.startswith("deepspeed") else ()  # DeepSpeed clips
+    run_dir = run_cli(tmp_path, *SMOKE, f"trainer={trainer}", *clip)
     finished(run_dir)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     for update in checkpoint["bidswarm"]["history"]:
@@ -135,7 +159,8 @@ def test_smoke_on_one_gpu(tmp_path, trainer):
     "overrides",
     [
         ("trainer=ddp", "trainer.accelerator=gpu"),
-        ("trainer=multinode", "trainer.num_nodes=1"),  # the README's srun line, on one node
+        # the README's srun line, on one node
+        ("trainer=multinode", "rl.grad_clip=0", "trainer.num_nodes=1"),
     ],
     ids=["ddp", "multinode"],
 )

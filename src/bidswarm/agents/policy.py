@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, StaticCache
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
+from bidswarm.agents.flops import ParameterCounts
 from bidswarm.envs.base import role_name
 
 AGENT_FILE = "agent.json"
@@ -33,11 +34,15 @@ class Generation:
     """One sampled reply: its text, the (truncated) prompt tokens and the reply tokens.
 
     ``reply_ids`` end with the end-of-sequence token when the model produced one.
+    ``shared_prefix``: the first tokens of the prompt, shared by every row of the generation
+    batch, that the batch computed once for all its rows (0: none). It says how the reply was
+    computed, not what it is: two generations with the same tokens are equal.
     """
 
     text: str
     prompt_ids: list[int]
     reply_ids: list[int]
+    shared_prefix: int = field(default=0, compare=False)
 
 
 def left_pad(
@@ -166,6 +171,16 @@ class AgentPolicy(torch.nn.Module):
         marker = f".{self.adapter}."
         return [p for name, p in self.model.named_parameters() if marker in name]
 
+    def parameter_counts(self) -> ParameterCounts:
+        """The weights this agent's tokens run through, frozen and trained (its FLOPs per token,
+        :mod:`bidswarm.agents.flops`): a LoRA agent's shared base without any adapter, and its
+        own adapter; else every weight, trained."""
+        trained = sum(p.numel() for p in self.trainable_parameters())
+        if self.adapter is None:
+            return ParameterCounts(frozen=0, trained=trained)
+        base = sum(p.numel() for name, p in self.model.named_parameters() if "lora_" not in name)
+        return ParameterCounts(frozen=base, trained=trained)
+
     def _use_own_adapter(self) -> None:
         """Route the shared peft model's forwards through this agent's adapter. peft's
         ``set_adapter`` also freezes every other adapter; they stay trainable here (each is
@@ -250,7 +265,9 @@ class AgentPolicy(torch.nn.Module):
         # instead of concatenating a new mask. A static cache attends over all its slots, so it
         # sees the whole mask (fixed shape); a dynamic one the columns it holds so far.
         attention_mask = torch.zeros((len(prompt_ids), slots), dtype=torch.long, device=device)
-        out, next_positions = self._prefill(prompt_ids, attention_mask, cache, routing)
+        out, next_positions, shared_prefix = self._prefill(
+            prompt_ids, attention_mask, cache, routing
+        )
         step_forward = self._decode_step_forward(static)
         finished = torch.zeros(len(prompt_ids), dtype=torch.bool, device=device)
         # Whether every row has stopped is a host sync; on an accelerator it is asked every few
@@ -279,7 +296,7 @@ class AgentPolicy(torch.nn.Module):
             )
             next_positions = next_positions + 1
         self.model.train(was_training)
-        return self._collect(prompt_ids, sampled)
+        return self._collect(prompt_ids, sampled, shared_prefix)
 
     def _decode_step_forward(self, static: bool):
         """The model's forward for one token per row: compiled with CUDA graphs
@@ -310,8 +327,8 @@ class AgentPolicy(torch.nn.Module):
     ):
         """Forward the prompts into a KV cache (``cache``, or a new dynamic one); a long
         prefix shared by all rows runs once. Writes the prompts' columns of ``attention_mask``
-        [B, slots] (prompts left-padded to the longest) and returns the model output and the
-        position ids [B, 1] of the first reply token.
+        [B, slots] (prompts left-padded to the longest) and returns the model output, the
+        position ids [B, 1] of the first reply token and the length of the prefix run once.
 
         Prompts of one agent share the task and role text (chat templates put it first), so
         the prefix is computed for one row and its cache repeated, and only the differing
@@ -355,9 +372,11 @@ class AgentPolicy(torch.nn.Module):
             logits_to_keep=1,
             **routing,
         )
-        return out, position_ids[:, -1:] + 1
+        return out, position_ids[:, -1:] + 1, head_length
 
-    def _collect(self, prompt_ids: list[list[int]], sampled: list[Tensor]) -> list[Generation]:
+    def _collect(
+        self, prompt_ids: list[list[int]], sampled: list[Tensor], shared_prefix: int
+    ) -> list[Generation]:
         rows = torch.stack(sampled, dim=1).tolist() if sampled else [[] for _ in prompt_ids]
         stop = set(self.stop_ids)
         generations = []
@@ -365,7 +384,7 @@ class AgentPolicy(torch.nn.Module):
             end = next((i + 1 for i, token in enumerate(row) if token in stop), len(row))
             reply = row[:end]
             text = self.tokenizer.decode(reply, skip_special_tokens=True).strip()
-            generations.append(Generation(text=text, prompt_ids=prompt, reply_ids=reply))
+            generations.append(Generation(text, prompt, reply, shared_prefix))
         return generations
 
     def reply_token_logprobs(

@@ -137,6 +137,10 @@ class TrainerConfig:
     strategy: Any = "auto"
     precision: str = "32-true"
     deterministic: bool = False
+    gradient_clipping: float = 0.0
+    """DeepSpeed's own gradient-norm clip (its config's ``gradient_clipping``): one norm over
+    every agent's gradients together, under a DeepSpeed strategy only (0: none). ZeRO keeps the
+    gradients in its own buffers, where the per-agent clip (``rl.grad_clip``) cannot reach them."""
 
 
 @dataclass

@@ -75,6 +75,7 @@ def validate(cfg: Any) -> None:
     _logger_problems(cfg.logger, problems)
     _sft_problems(cfg, problems)
     _rl_problems(cfg, problems)
+    _clipping_problems(cfg, problems)
     problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
     problems.require(
         cfg.init_from is None or not cfg.sft.enabled,
@@ -275,6 +276,33 @@ def _rl_problems(cfg: Any, problems: Problems) -> None:
         problems.require(rl.stop_after >= 1, "rl.stop_after", rl.stop_after, ">= 1 or null")
     if rl.flop_budget is not None:
         problems.positive("rl.flop_budget", rl.flop_budget)
+
+
+def _clipping_problems(cfg: Any, problems: Problems) -> None:
+    """Under DeepSpeed, ZeRO keeps the gradients in its own partitioned buffers, not in
+    ``p.grad``: the per-agent clip would find no gradient and clip nothing, so it is refused;
+    DeepSpeed's global ``gradient_clipping`` (``trainer.gradient_clipping``) is what applies
+    there, and only there."""
+    strategy = str(cfg.trainer.strategy)
+    problems.non_negative("trainer.gradient_clipping", cfg.trainer.gradient_clipping)
+    if strategy.startswith("deepspeed"):
+        problems.require(
+            cfg.rl.grad_clip == 0,
+            "rl.grad_clip",
+            cfg.rl.grad_clip,
+            f"must be 0 under trainer.strategy={strategy}: the per-agent clip reads p.grad, which "
+            "DeepSpeed ZeRO leaves empty (its gradients live in its own buffers), so it would clip "
+            "nothing. What applies there is DeepSpeed's global gradient_clipping, one norm over "
+            "all agents together: set rl.grad_clip=0 and trainer.gradient_clipping=<norm>",
+        )
+    else:
+        problems.require(
+            cfg.trainer.gradient_clipping == 0,
+            "trainer.gradient_clipping",
+            cfg.trainer.gradient_clipping,
+            f"is DeepSpeed's global clip and applies under a deepspeed strategy only "
+            f"(trainer.strategy={strategy}): clip each agent with rl.grad_clip",
+        )
 
 
 def refuse_unknown_choices(arguments: list[str], conf_dir: Path) -> None:

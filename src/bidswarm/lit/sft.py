@@ -180,16 +180,17 @@ def plan_sft(
 
 def sft_budget(population: Population, plans: list[AgentPlan]) -> dict[str, float]:
     """What SFT spends, per agent and in total: ``sft/action_tokens`` and ``sft/bid_tokens``
-    (prompt + reply tokens trained on, by demonstration kind) and ``sft/flops`` (6 x parameters
-    x trained tokens, PAPER.md section 5, as the RL ledger counts them); each as
+    (prompt + reply tokens trained on, by demonstration kind) and ``sft/flops`` (training FLOPs
+    per token x trained tokens: 6 x parameters, 4 x base + 6 x adapter under LoRA,
+    :mod:`bidswarm.agents.flops`, as the RL ledger counts them); each as
     ``<name>/<agent>`` and ``<name>`` (the sum over agents)."""
     budget: dict[str, float] = {name: 0.0 for name in names.SFT_BUDGET}
     for index, (agent, plan) in enumerate(zip(population, plans, strict=True)):
-        params = sum(p.numel() for p in agent.parameters())
+        per_token = agent.parameter_counts().train_flops_per_token
         spent = {
             names.SFT_ACTION_TOKENS: float(plan.trained_tokens_of("action")),
             names.SFT_BID_TOKENS: float(plan.trained_tokens_of("bid")),
-            names.SFT_FLOPS: 6.0 * params * plan.trained_tokens,
+            names.SFT_FLOPS: per_token * plan.trained_tokens,
         }
         for name, value in spent.items():
             budget[f"{name}/{agent_folder_name(index, agent.role)}"] = value

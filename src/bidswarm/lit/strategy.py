@@ -8,7 +8,10 @@ Two names need arguments Lightning's defaults get wrong for bidswarm's learners:
   and, unless given one, reads it from the train dataloader's ``batch_sampler``. The learners'
   dataloaders yield one update (or SFT step) at a time with ``batch_size=None``, so there is no
   batch sampler and the strategy dies at start. DeepSpeed uses the number only for throughput
-  logging; an update is one "batch", so it is 1.
+  logging; an update is one "batch", so it is 1. Its gradient clip is its own config's
+  ``gradient_clipping`` (one norm over every agent: ``trainer.gradient_clipping``): ZeRO keeps the
+  gradients in its own buffers, so the learners' per-agent clip (``rl.grad_clip``, which reads
+  ``p.grad``) cannot run there, and the config check refuses it.
 
 When one process of a multi-process run dies, the others stop too and say so: a process whose
 collective fails names itself (``train.py``); and where Lightning started the processes itself,
@@ -28,7 +31,18 @@ from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 
-DEEPSPEED_STAGES = {"deepspeed_stage_2": 2, "deepspeed_stage_3": 3}
+DEEPSPEED_STAGES = {
+    "deepspeed_stage_2": {"stage": 2},
+    "deepspeed_stage_2_offload": {"stage": 2, "offload_optimizer": True},
+    "deepspeed_stage_3": {"stage": 3},
+    "deepspeed_stage_3_offload": {
+        "stage": 3,
+        "offload_optimizer": True,
+        "offload_parameters": True,
+    },
+}
+"""Lightning's registered DeepSpeed strategies (the same arguments), built here to set two
+things its defaults get wrong or leave out: the micro-batch size and ``gradient_clipping``."""
 
 _explained = threading.Event()  # one message per process, whichever part of it stops first
 
@@ -107,11 +121,17 @@ class ExplainingDDPStrategy(DDPStrategy):
             )
 
 
-def build_strategy(name: str, run_dir: str | Path) -> str | Strategy:
+def build_strategy(
+    name: str, run_dir: str | Path, gradient_clipping: float = 0.0
+) -> str | Strategy:
     """The strategy for ``trainer.strategy=name`` of the run in ``run_dir``; other names go to
-    Lightning unchanged."""
+    Lightning unchanged. ``gradient_clipping``: DeepSpeed's global gradient-norm clip
+    (``trainer.gradient_clipping``, 0: none; DeepSpeed strategies only)."""
     if name == "ddp":
         return ExplainingDDPStrategy(run_dir, find_unused_parameters=True)
     if name in DEEPSPEED_STAGES:
-        return DeepSpeedStrategy(stage=DEEPSPEED_STAGES[name], logging_batch_size_per_gpu=1)
+        strategy = DeepSpeedStrategy(**DEEPSPEED_STAGES[name], logging_batch_size_per_gpu=1)
+        # Lightning fills it from Trainer(gradient_clip_val), which manual optimization refuses.
+        strategy.config["gradient_clipping"] = gradient_clipping
+        return strategy
     return name

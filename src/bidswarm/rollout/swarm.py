@@ -59,9 +59,8 @@ class Swarm:
         self.temperature = temperature
         self.token_budget = token_budget
         self.usage = Usage()
-        self.params_per_agent = [
-            sum(p.numel() for p in agent.parameters()) for agent in population.agents
-        ]
+        self.weights_per_agent = [agent.parameter_counts() for agent in population.agents]
+        """What each agent's tokens run through (its FLOPs per token; LoRA: base + own adapter)."""
         for policy in [*self.population.agents, *self.bid_population.agents]:
             policy.kv_cache = kv_cache
             policy.compile_decode = compile_decode
@@ -105,8 +104,9 @@ class Swarm:
         return self._replies(agent, generations)
 
     def _replies(self, agent: int, generations: list[Generation]) -> list[Reply]:
-        """``agent``'s generations as replies, their tokens counted as rollout tokens."""
-        self._count_rollout(agent, sum(len(g.prompt_ids) + len(g.reply_ids) for g in generations))
+        """``agent``'s generations (one batch) as replies, their tokens counted as rollout tokens:
+        a prompt prefix the batch computed once is counted once."""
+        self._count_rollout(agent, _generated_tokens(generations))
         return [Reply(agent, g.prompt_ids, g.reply_ids, g.text) for g in generations]
 
     def _bid_prompts(self, agent: int, envs: list[TextEnv], copies: int = 1) -> list[str]:
@@ -246,11 +246,20 @@ class Swarm:
         return [mean if n > 0 else float("-inf") for mean, n in pairs]
 
     def _count_rollout(self, agent: int, tokens: int) -> None:
-        self.usage.count_rollout(self.params_per_agent[agent], tokens)
+        self.usage.count_rollout(self.weights_per_agent[agent], tokens)
 
     def count_trained(self, agent: int, tokens: int) -> None:
-        """Tokens a learner forward of ``agent`` will train on (6 * params FLOPs each)."""
-        self.usage.count_trained(self.params_per_agent[agent], tokens)
+        """Tokens a learner forward of ``agent`` will train on (forward + backward FLOPs each,
+        :class:`~bidswarm.agents.flops.ParameterCounts`)."""
+        self.usage.count_trained(self.weights_per_agent[agent], tokens)
+
+
+def _generated_tokens(generations: list[Generation]) -> int:
+    """Tokens one generation batch processed: each row's prompt and reply, the prefix shared by
+    all rows (computed once) once (padding not counted)."""
+    shared = max((g.shared_prefix for g in generations), default=0)
+    rows = sum(len(g.prompt_ids) - g.shared_prefix + len(g.reply_ids) for g in generations)
+    return rows + shared
 
 
 def _tokens(prompt_ids: list[list[int]], reply_ids: list[list[int]]) -> int:

@@ -1,7 +1,9 @@
 """The collector's ledger: tokens, FLOPs, bids, parse failures and actions, counted here only.
 
-FLOPs follow PAPER.md section 5 [ours]: 2 * params per generated or scored token (rollout),
-6 * params per trained token (forward + backward), over all agents, forks included. The
+FLOPs follow PAPER.md section 5 [ours], with the rates of :mod:`bidswarm.agents.flops`: 2 x the
+weights a token runs through per generated or scored token (rollout), forward + backward per
+trained token (6 x params fully fine-tuned; 4 x base + 6 x adapter under LoRA), over all agents,
+forks included. The
 collector writes the ledger: the swarm counts what it generates and scores, the loop the
 actions, the collector the trained tokens of the batches it hands to the learner. Held-out
 evaluation counts into a ledger of its own (``Swarm.separate_usage``).
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
+
+from bidswarm.agents.flops import ParameterCounts
 
 
 @dataclass
@@ -26,15 +30,15 @@ class Usage:
     invalid_actions: int = 0
     actions_made: int = 0
 
-    def count_rollout(self, params: int, tokens: int) -> None:
-        """Generated or scored tokens of an agent with ``params`` parameters."""
+    def count_rollout(self, weights: ParameterCounts, tokens: int) -> None:
+        """Generated or scored tokens of an agent whose tokens run through ``weights``."""
         self.rollout_tokens += tokens
-        self.rollout_flops += 2.0 * params * tokens
+        self.rollout_flops += weights.forward_flops_per_token * tokens
 
-    def count_trained(self, params: int, tokens: int) -> None:
+    def count_trained(self, weights: ParameterCounts, tokens: int) -> None:
         """Trained tokens (prompt + reply of every row a learner forward sees)."""
         self.train_tokens += tokens
-        self.train_flops += 6.0 * params * tokens
+        self.train_flops += weights.train_flops_per_token * tokens
 
     def count_bids(self, parsed: Iterable[bool]) -> None:
         """Bid replies made, and which parsed (a malformed one counts as bid 0)."""

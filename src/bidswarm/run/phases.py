@@ -294,7 +294,7 @@ class Run:
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
-            strategy=build_strategy(t.strategy, self.run_dir),
+            strategy=build_strategy(t.strategy, self.run_dir, t.gradient_clipping),
             precision=t.precision,
             deterministic=t.deterministic,
             logger=self.logger,

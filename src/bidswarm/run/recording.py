@@ -22,7 +22,13 @@ from bidswarm.rollout.records import Episode
 class RunLogger(MLFlowLogger):
     """Lightning's MLflow logger without Lightning's bookkeeping metric ``epoch`` (an update
     is a step: ``epoch`` would repeat it), sampling MLflow's system metrics (``system/*``:
-    CPU, memory, GPU) while :meth:`start_system_metrics` ... :meth:`stop_system_metrics`."""
+    CPU, memory, GPU) while :meth:`start_system_metrics` ... :meth:`stop_system_metrics`.
+
+    A resumed run (``run_id`` of the run it continues) logs each metric once per step: it redoes
+    what came after its last checkpoint (updates, an evaluation), whose metrics the killed
+    process may already have logged, so a metric is not logged again at a step at or before the
+    last step the run already holds for it. The values kept are the first ones (a resumed run on
+    CPU replays them exactly; on a GPU they may differ in the last bits)."""
 
     BOOKKEEPING = ("epoch",)
     SYSTEM_METRICS_INTERVAL_S = 5
@@ -32,11 +38,26 @@ class RunLogger(MLFlowLogger):
 
     _system_monitor: Any = None
 
+    def __init__(self, *args, run_id: str | None = None, **kwargs) -> None:
+        super().__init__(*args, run_id=run_id, **kwargs)
+        self._last_logged_step: dict[str, int] | None = None if run_id is None else {}
+        """Per metric, the last step the continued run held when it was resumed (None: a new
+        run, which holds none); read from MLflow once per metric, when it is first logged."""
+
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         kept = {key: value for key, value in metrics.items() if key not in self.BOOKKEEPING}
+        if self._last_logged_step is not None and step is not None:
+            kept = {key: value for key, value in kept.items() if step > self._logged_until(key)}
         if kept:
             super().log_metrics(kept, step)
+
+    def _logged_until(self, key: str) -> int:
+        """The last step of ``key`` in the continued run before this process logged (-1: none)."""
+        if key not in self._last_logged_step:
+            history = self.experiment.get_metric_history(self.run_id, key)
+            self._last_logged_step[key] = max((m.step for m in history), default=-1)
+        return self._last_logged_step[key]
 
     @rank_zero_only
     def finalize(self, status: str = "success") -> None:
