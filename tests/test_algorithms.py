@@ -545,7 +545,7 @@ def test_the_discounted_return_rule_reads_its_gamma_and_ignores_the_bids() -> No
     for bids in ([0.8, 0.4, 0.6], [0.2, 0.2, 0.2]):
         assert rule(rewards, bids, random.Random(0), BID_LEVELS) == ([2.5, 5.0, 10.0], 0.0)
     assert credit_rule("discounted_return").gamma == 0.95
-    with pytest.raises(ValueError, match="credit.gamma"):
+    with pytest.raises(ValueError, match=r"credit\.gamma"):
         make_credit(DiscountedReturnConfig(name="discounted_return", gamma=-0.1))
 
 

@@ -303,8 +303,8 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights, kl
         with forward_tokens(module) as forwards:
             split = gradient_of(module, loss_of, batch)
     assert len(forwards) == 3 and max(forwards) <= budget
-    assert len(whole) == len(split) == sum(p.numel() for p in policy.parameters()) + 1 + (
-        kl_coef > 0
+    assert (
+        len(whole) == len(split) == sum(p.numel() for p in policy.parameters()) + 1 + (kl_coef > 0)
     )
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
 
@@ -798,7 +798,9 @@ def test_the_learning_rate_schedule_and_the_new_terms_reach_the_history(module):
         assert all(g["lr"] == pytest.approx(1e-3 / 3) for g in learner.optimizers().param_groups)
         assert history[0]["loss_action/kl"] == 0.0 and history[2]["loss_action/kl"] > 0.0
         assert all(h["entropy"] > 0.0 for h in history)
-        plain = SwarmModule(module.population, FixedCollector(module.collector, [batch]), RLConfig(), 1.0)
+        plain = SwarmModule(
+            module.population, FixedCollector(module.collector, [batch]), RLConfig(), 1.0
+        )
         assert plain.references is None  # kl_coef 0: no copy is made
     finally:
         with torch.no_grad():

@@ -20,7 +20,9 @@ class LRSchedule(str, Enum):
     __str__ = str.__str__
 
 
-def lr_factor(update: int, total_updates: int, schedule: LRSchedule | str, warmup: int = 0) -> float:
+def lr_factor(
+    update: int, total_updates: int, schedule: LRSchedule | str, warmup: int = 0
+) -> float:
     """The factor of ``rl.lr`` at ``update`` (counted from 0) of ``total_updates``.
 
     Warm-up: (u + 1) / (warmup + 1) for u < warmup, rising to 1 (the first update already

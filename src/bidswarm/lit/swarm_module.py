@@ -188,9 +188,7 @@ class SwarmModule(L.LightningModule):
         nothing under the paper's constant rate."""
         if self.rl.lr_schedule == LRSchedule.constant and self.rl.warmup_updates == 0:
             return {}
-        factor = lr_factor(
-            update, self.total_updates, self.rl.lr_schedule, self.rl.warmup_updates
-        )
+        factor = lr_factor(update, self.total_updates, self.rl.lr_schedule, self.rl.warmup_updates)
         for group in self.optimizers().param_groups:
             group["lr"] = self.rl.lr * factor
         return {names.LEARNING_RATE: self.rl.lr * factor}

@@ -111,6 +111,7 @@ def choose_fork_steps(
     if selection == ForkSelection.uniform:
         return rng.sample(eligible, count)
     if selection == ForkSelection.margin:
+
         def closeness(step: StepRecord) -> float:
             # rounded: 0.8 - 0.6 and 0.6 - 0.4 are one margin, not two floats apart
             return round(step.decision.winning_bid - step.decision.runner_up_bid, 9)

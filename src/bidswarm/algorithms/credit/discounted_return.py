@@ -14,9 +14,7 @@ from bidswarm.algorithms.credit.base import CreditConfig, CreditRule, Reads, reg
 from bidswarm.checks import Parameter, unit_interval
 
 
-def discounted_return_credit(
-    rewards: Sequence[float], gamma: float
-) -> tuple[list[float], float]:
+def discounted_return_credit(rewards: Sequence[float], gamma: float) -> tuple[list[float], float]:
     """Discounted reward to go over the acting steps: c_t = sum_{k >= t} gamma^(k - t) r_k,
     i.e. c_t = r_t + gamma * c_{t+1} with c_{T+1} = 0 (skipped steps are not in the chain).
 
