@@ -520,3 +520,139 @@ def test_fork_preference() -> None:
     assert fork_preference(3.0, 3.0) == 0
     with pytest.raises(ValueError):
         fork_preference(math.nan, 1.0)
+
+
+# --- options for long horizons [ours]: discounted credit, baselines, KL, entropy, LR -------
+def test_discounted_return_credit_worked_example() -> None:
+    from bidswarm.algorithms.credit.discounted_return import discounted_return_credit
+
+    assert discounted_return_credit([0.0, 0.0, 10.0], 0.5) == ([2.5, 5.0, 10.0], 0.0)
+    credits, lost = discounted_return_credit([1.0, 2.0, 4.0], 0.95)
+    assert credits == pytest.approx([1 + 0.95 * 2 + 0.95**2 * 4, 2 + 0.95 * 4, 4.0])
+    assert lost == 0.0
+    assert discounted_return_credit([1.0, -2.0, 4.0], 1.0) == reward_to_go_credit([1.0, -2.0, 4.0])
+    assert discounted_return_credit([1.0, -2.0, 4.0], 0.0) == ([1.0, -2.0, 4.0], 0.0)
+    assert discounted_return_credit([], 0.9) == ([], 0.0)
+    with pytest.raises(ValueError, match="gamma"):
+        discounted_return_credit([1.0], 1.5)
+
+
+def test_the_discounted_return_rule_reads_its_gamma_and_ignores_the_bids() -> None:
+    from bidswarm.algorithms.credit.discounted_return import DiscountedReturnConfig
+
+    rule = make_credit(DiscountedReturnConfig(name="discounted_return", gamma=0.5))
+    rewards = [0.0, 0.0, 10.0]
+    for bids in ([0.8, 0.4, 0.6], [0.2, 0.2, 0.2]):
+        assert rule(rewards, bids, random.Random(0), BID_LEVELS) == ([2.5, 5.0, 10.0], 0.0)
+    assert credit_rule("discounted_return").gamma == 0.95
+    with pytest.raises(ValueError, match=r"credit\.gamma"):
+        make_credit(DiscountedReturnConfig(name="discounted_return", gamma=-0.1))
+
+
+def test_group_mean_baselines_leave_singletons_to_the_agent_mean() -> None:
+    from bidswarm.algorithms.losses import group_mean_baselines
+
+    groups = [("logger", 0), ("logger", 0), ("miner", 3), ("logger", 3)]
+    assert group_mean_baselines([1.0, 3.0, 5.0, 7.0], groups) == [2.0, 2.0, None, None]
+    with pytest.raises(ValueError):
+        group_mean_baselines([1.0], [])
+
+
+def test_reinforce_advantages_by_hand() -> None:
+    from bidswarm.algorithms.losses import reinforce_advantages
+
+    credits = torch.tensor([1.0, 2.0, 6.0])
+    torch.testing.assert_close(reinforce_advantages(credits), torch.tensor([-2.0, -1.0, 3.0]))
+    torch.testing.assert_close(reinforce_advantages(credits, "none"), credits)
+    # groups: rows 0 and 1 share a (role, decision) mean of 4 (with another agent's row);
+    # row 2 is alone and falls back to the agent mean 3
+    means = torch.tensor([4.0, 4.0, float("nan")])
+    torch.testing.assert_close(
+        reinforce_advantages(credits, "role_decision_mean", means), torch.tensor([-3.0, -2.0, 3.0])
+    )
+    std = math.sqrt((4 + 1 + 9) / 3)  # population std of (-2, -1, 3)
+    torch.testing.assert_close(
+        reinforce_advantages(credits, "agent_mean", normalize=True),
+        torch.tensor([-2.0, -1.0, 3.0]) / (std + 1e-8),
+    )
+    # no spread to normalise: left as it is (one row; equal advantages)
+    torch.testing.assert_close(
+        reinforce_advantages(torch.tensor([5.0]), "none", normalize=True), torch.tensor([5.0])
+    )
+    torch.testing.assert_close(
+        reinforce_advantages(torch.tensor([2.0, 2.0]), "agent_mean", normalize=True),
+        torch.zeros(2),
+    )
+    with pytest.raises(ValueError, match="group_means"):
+        reinforce_advantages(credits, "role_decision_mean")
+    with pytest.raises(ValueError, match="baseline"):
+        reinforce_advantages(credits, "median")
+
+
+def test_the_paper_baseline_gives_the_reinforce_loss_bit_for_bit() -> None:
+    """Advantages computed first and handed over with a zero baseline: the same loss as the
+    per-agent mean baseline inside ``reinforce_loss``, bit for bit (the canary's numbers)."""
+    from bidswarm.algorithms.losses import reinforce_advantages
+
+    torch.manual_seed(0)
+    logp = torch.randn(4, 5)
+    mask = (torch.rand(4, 5) > 0.3).float()
+    credits = torch.tensor([0.3, 1.7, -0.2, 4.1])
+    direct = reinforce_loss(logp, mask, credits)["loss_action"]
+    advantages = reinforce_advantages(credits)
+    handed = reinforce_loss(logp, mask, advantages, baseline=torch.zeros(()))["loss_action"]
+    assert torch.equal(direct, handed)
+
+
+def test_kl_penalty_k3_by_hand() -> None:
+    from bidswarm.algorithms.losses import kl_penalty
+
+    logp = torch.tensor([[math.log(0.5), math.log(0.2)]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25), math.log(0.2)]])
+    mask = torch.tensor([[1.0, 1.0]])
+    kl = kl_penalty(logp, ref, mask, normalizer=2.0)["kl"]
+    value = float(kl.detach())
+    r = math.log(0.25) - math.log(0.5)  # second token: r = 0, k3 = 0
+    assert value == pytest.approx((math.exp(r) - r - 1) / 2)
+    assert value == pytest.approx((0.5 + math.log(2) - 1) / 2)
+    kl.backward()
+    # d k3 / d logp = 1 - exp(r): 0.5 on the first token (halved by the normaliser), 0 where
+    # the policy equals the reference
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.25, 0.0]]))
+    # padding is ignored (also an infinite log-prob there); row weights scale each row
+    logp2 = torch.tensor(
+        [[math.log(0.5), -math.inf], [math.log(0.5), math.log(0.5)]], requires_grad=True
+    )
+    ref2 = torch.tensor([[math.log(0.25), 0.0], [math.log(0.25), math.log(0.25)]])
+    mask2 = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    k3 = 0.5 + math.log(2) - 1
+    weighted = kl_penalty(logp2, ref2, mask2, 3.0, row_weights=torch.tensor([1.0, 0.5]))["kl"]
+    assert float(weighted.detach()) == pytest.approx((k3 + 0.5 * 2 * k3) / 3)
+    weighted.backward()
+    assert torch.isfinite(logp2.grad).all() and logp2.grad[0, 1] == 0.0
+    assert float(kl_penalty(ref2, ref2, mask2, 1.0)["kl"]) == 0.0
+
+
+def test_entropy_bonus_by_hand() -> None:
+    from bidswarm.algorithms.losses import entropy_bonus
+
+    entropy = torch.tensor([[math.log(2), math.log(4)], [math.log(8), 123.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    term = entropy_bonus(entropy, mask, normalizer=3.0)["entropy"]
+    assert float(term) == pytest.approx((math.log(2) + math.log(4) + math.log(8)) / 3)
+
+
+def test_learning_rate_schedules_by_hand() -> None:
+    from bidswarm.algorithms.schedules import lr_factor
+
+    def factors(schedule, total, warmup):
+        return [lr_factor(u, total, schedule, warmup) for u in range(total)]
+
+    assert factors("constant", 4, 0) == [1.0] * 4
+    assert factors("cosine", 4, 1) == pytest.approx([0.5, 1.0, 0.75, 0.25])
+    assert factors("linear", 4, 1) == pytest.approx([0.5, 1.0, 2 / 3, 1 / 3])
+    assert factors("constant", 5, 2) == pytest.approx([1 / 3, 2 / 3, 1.0, 1.0, 1.0])
+    assert factors("cosine", 2, 0) == pytest.approx([1.0, 0.5])
+    assert min(factors("linear", 60, 0)) > 0  # the last update still moves the weights
+    with pytest.raises(ValueError):
+        lr_factor(0, 4, "step", 0)

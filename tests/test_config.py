@@ -101,6 +101,19 @@ def test_the_budget_rules_default_to_matched_passes_and_action_updates():
     assert RLConfig().bid_slot_without_bids == BidSlotWithoutBids.skip
 
 
+def test_the_long_horizon_options_default_to_the_paper():
+    """Every option for long horizons is off by default: the paper's method, the canary's."""
+    rl = compose_train([]).rl
+    assert (rl.kl_coef, rl.entropy_coef, rl.baseline, rl.normalize_advantage) == (
+        0.0,
+        0.0,
+        "agent_mean",
+        False,
+    )
+    assert (rl.lr_schedule, rl.warmup_updates, rl.fork_selection) == ("constant", 0, "uniform")
+    assert compose_train(["credit=discounted_return"]).credit.gamma == 0.95
+
+
 @pytest.mark.parametrize(
     "override", ["sft.match=tokens", "rl.bid_slot_without_bids=action"], ids=lambda s: s
 )
@@ -142,10 +155,14 @@ def test_wrong_type_fails_naming_the_key():
         ("credit.name=magic", "credit.name"),
         ("rl.envs_per_update=0", "rl.envs_per_update"),
         ("sft.bid_fraction=0", "sft.bid_fraction"),
+        ("rl.kl_coef=-0.1", "rl.kl_coef"),
+        ("rl.entropy_coef=-1", "rl.entropy_coef"),
+        ("rl.warmup_updates=-1", "rl.warmup_updates"),
+        ("credit=discounted_return credit.gamma=1.5", "credit.gamma"),
     ],
 )
 def test_invalid_value_fails_before_any_model_loads(override, key):
-    cfg = compose_train([override])
+    cfg = compose_train(override.split())
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         validate(cfg)
 
@@ -161,6 +178,9 @@ def test_invalid_value_fails_before_any_model_loads(override, key):
         ("model.prompt_style=verbose", "model.prompt_style"),
         ("sft.match=flops", "sft.match"),
         ("rl.bid_slot_without_bids=bid", "rl.bid_slot_without_bids"),
+        ("rl.baseline=median", "rl.baseline"),
+        ("rl.lr_schedule=step", "rl.lr_schedule"),
+        ("rl.fork_selection=best", "rl.fork_selection"),
     ],
 )
 def test_a_value_outside_a_fixed_set_fails_at_composition_naming_the_key(override, key):

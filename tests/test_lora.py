@@ -242,3 +242,21 @@ def test_a_lora_run_checkpoints_adapters_resumes_and_is_evaluated(tmp_path):
         assert all(torch.equal(got, want) for got, want in pairs)
     result = evaluate(loop, loop.make_env().heldout_seeds()[:1], runs_per_seed=1, seed=0)
     assert result.episodes
+
+
+def test_a_lora_agents_kl_reference_is_the_base_without_adapters(swarm):
+    """``rl.kl_coef``'s reference of a LoRA agent: no copy, the shared base with every adapter
+    disabled; the agent's own adapter is active again afterwards."""
+    from bidswarm.agents.policy import FrozenReference
+
+    with torch.no_grad():
+        base = swarm[0].reply_token_logprobs(PROMPTS, REPLIES)[0]  # adapters start at B = 0
+    randomize_adapters(swarm)
+    adapted = reply_logprobs(swarm)
+    assert not torch.allclose(adapted[0], base)
+    references = [FrozenReference(agent) for agent in swarm]
+    assert all(reference.copy is None for reference in references)
+    for reference in references:
+        torch.testing.assert_close(reference.reply_token_logprobs(PROMPTS, REPLIES), base)
+    for before, after in zip(adapted, reply_logprobs(swarm), strict=True):
+        torch.testing.assert_close(after, before)

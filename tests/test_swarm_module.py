@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import random
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 
+from bidswarm.agents.policy import FrozenReference
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.credit import CreditConfig, bucket_brigade_credit, make_credit
@@ -23,7 +25,7 @@ from bidswarm.envs.experts import play_expert_episode
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.rollout.batches import ActionBatch, BidBatch, credited_batches, preference_batches
 from bidswarm.rollout.collector import Collected, Collector, UpdateKind
-from bidswarm.rollout.forks import fork_pairs, forkable_steps
+from bidswarm.rollout.forks import choose_fork_steps, fork_pairs, forkable_steps
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, PreferencePair, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
@@ -122,6 +124,7 @@ def test_credit_is_the_collectors_step_and_batches_are_per_agent(module):
     second, second_lost = bucket_brigade_credit([0.0, 3.0], [0.4, 0.4])
     assert batches[0].credit == [first[0]]
     assert batches[1].credit == [first[1], *second]
+    assert batches[1].decisions == [1, 0, 1]  # each row's decision index
     assert discarded == pytest.approx((first_lost + second_lost) / 2)
     rows = zip(batches[1].prompt_ids, batches[1].reply_ids, strict=True)
     assert batches[1].tokens == sum(len(p) + len(r) for p, r in rows)
@@ -199,6 +202,7 @@ def action_batch(module: SwarmModule, agent: int = 1) -> ActionBatch:
         [r.prompt_ids for r in rows],
         [r.reply_ids for r in rows],
         [5.0, 0.0, 1.5, -2.0, 3.0, 0.5, 0.0, 4.0],
+        [0, 1, 2, 3, 0, 1, 2, 3],
     )
 
 
@@ -208,21 +212,62 @@ def gradient_of(module: SwarmModule, loss_of, batch) -> torch.Tensor:
     agent = module.population.agents[batch.agent]
     gradient = torch.cat([p.grad.flatten() for p in agent.parameters()])
     module.population.zero_grad(set_to_none=True)
-    return torch.cat([gradient, loss.reshape(1)])
+    return torch.cat([gradient, loss.reshape(-1)])
 
 
+@contextmanager
+def references_of(module: SwarmModule, moved: bool = True):
+    """Frozen references of the module's agents taken now; with ``moved``, every agent's
+    weights are then nudged (restored after the block), so that the policy differs from its
+    reference and the KL term has a value and a gradient."""
+    kept = [[p.detach().clone() for p in agent.parameters()] for agent in module.population]
+    module.references = [FrozenReference(agent) for agent in module.population.agents]
+    if moved:
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for agent in module.population:
+                for p in agent.parameters():
+                    p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    try:
+        yield module.references
+    finally:
+        module.references = None
+        with torch.no_grad():
+            for old, agent in zip(kept, module.population, strict=True):
+                for value, p in zip(old, agent.parameters(), strict=True):
+                    p.copy_(value)
+
+
+OPTIONS = {
+    "paper": {},
+    "kl_entropy": {"kl_coef": 0.3, "entropy_coef": 0.05},
+    "role_decision_normalized": {"baseline": "role_decision_mean", "normalize_advantage": True},
+    "no_baseline": {"baseline": "none"},
+}
+
+
+@pytest.mark.parametrize("options", list(OPTIONS), ids=list(OPTIONS))
 @pytest.mark.parametrize("normalization", ["token_mean", "sequence_sum"])
-def test_micro_batched_action_update_equals_the_whole_batch(module, rl, normalization):
+def test_micro_batched_action_update_equals_the_whole_batch(module, rl, normalization, options):
     batch = action_batch(module)
     widest = max(batch.row_tokens)
-    module.rl = RLConfig(loss_normalization=normalization, micro_batch_tokens=10**9)
-    with forward_tokens(module) as whole_forwards:
-        whole = gradient_of(module, module.action_loss, batch)
-    budget = 2 * widest + 1  # at most two rows per forward
-    module.rl = RLConfig(loss_normalization=normalization, micro_batch_tokens=budget)
-    with forward_tokens(module) as forwards:
-        split = gradient_of(module, module.action_loss, batch)
-    assert len(whole_forwards) == 1 and len(forwards) >= 4
+    settings = {"loss_normalization": normalization, **OPTIONS[options]}
+    means = [4.0, None, 0.5, None, 1.0, 2.0, None, 3.0]  # role_decision_mean's group means
+
+    def loss_of(batch, backward):
+        extra = {}
+        total = module.action_loss(batch, backward, means, extra)
+        return torch.cat([total.reshape(1), *[v.reshape(1) for v in extra.values()]])
+
+    with references_of(module):
+        module.rl = RLConfig(**settings, micro_batch_tokens=10**9)
+        with forward_tokens(module) as whole_forwards:
+            whole = gradient_of(module, loss_of, batch)
+        budget = 2 * widest + 1  # at most two rows per forward
+        module.rl = RLConfig(**settings, micro_batch_tokens=budget)
+        with forward_tokens(module) as forwards:
+            split = gradient_of(module, loss_of, batch)
+    assert len(whole_forwards) == 1 and len(forwards) >= 4  # the agent's (a copy is the KL's)
     assert max(forwards) <= budget
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
 
@@ -230,7 +275,8 @@ def test_micro_batched_action_update_equals_the_whole_batch(module, rl, normaliz
 @pytest.mark.parametrize(
     "weights", [[1.0] * 6, [0.2, 1.0, 0.05, 0.7, 0.4, 0.9]], ids=["unweighted", "weighted"]
 )
-def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights):
+@pytest.mark.parametrize("kl_coef", [0.0, 0.5], ids=["paper", "kl"])
+def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights, kl_coef):
     policy = module.population.agents[0]
     prompts = loop_of(module).swarm.prompts
     observations = [f"inventory: {n} planks. near: forest" for n in range(6)]
@@ -243,13 +289,23 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights):
         [policy.encode_reply(level) for level in reversed(levels)],
         weights,
     )
-    module.rl = RLConfig(micro_batch_tokens=10**9)
-    whole = gradient_of(module, module.bid_loss, batch)
-    budget = 2 * 2 * max(batch.row_tokens)  # two pairs (four rows) per forward
-    module.rl = RLConfig(micro_batch_tokens=budget)
-    with forward_tokens(module) as forwards:
-        split = gradient_of(module, module.bid_loss, batch)
+
+    def loss_of(batch, backward):
+        extra = {}
+        total = module.bid_loss(batch, backward, extra)
+        return torch.cat([total.reshape(1), *[v.reshape(1) for v in extra.values()]])
+
+    with references_of(module):
+        module.rl = RLConfig(micro_batch_tokens=10**9, kl_coef=kl_coef)
+        whole = gradient_of(module, loss_of, batch)
+        budget = 2 * 2 * max(batch.row_tokens)  # two pairs (four rows) per forward
+        module.rl = RLConfig(micro_batch_tokens=budget, kl_coef=kl_coef)
+        with forward_tokens(module) as forwards:
+            split = gradient_of(module, loss_of, batch)
     assert len(forwards) == 3 and max(forwards) <= budget
+    assert (
+        len(whole) == len(split) == sum(p.numel() for p in policy.parameters()) + 1 + (kl_coef > 0)
+    )
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
 
 
@@ -614,3 +670,140 @@ def test_unweighted_forks_have_unit_weights(bidding_swarm):
     assert stats.pair_weight == stats.effective_pairs == stats.pairs == len(pairs)
     (batch, *_) = preference_batches(pairs)
     assert batch.weights == [1.0] * len(batch.prompt_ids)
+
+
+# -- options for long horizons [ours] ------------------------------------------------------------
+def test_reply_entropy_is_that_of_the_full_next_token_distribution(module):
+    """``reply_token_scores(entropy=True)``: per reply token, -sum_v p_v log p_v of the whole
+    vocabulary at the sampling temperature, each row computed on its own (no padding)."""
+    batch = action_batch(module)
+    policy = module.population.agents[batch.agent]
+    rows = range(3)
+    temperature = 0.7
+    scores = policy.reply_token_scores(
+        [batch.prompt_ids[i] for i in rows], [batch.reply_ids[i] for i in rows], temperature, True
+    )
+    with torch.no_grad():
+        for row in rows:
+            prompt, reply_ids = batch.prompt_ids[row], batch.reply_ids[row]
+            ids = torch.tensor([prompt + reply_ids])
+            logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            probs = torch.softmax(logits / temperature, dim=-1)
+            expected = -(probs * probs.log()).sum(dim=-1)
+            n = len(reply_ids)
+            torch.testing.assert_close(scores.entropy[row, :n], expected, rtol=1e-4, atol=1e-5)
+            assert torch.all(scores.entropy[row, n:] == 0)
+    plain = policy.reply_token_logprobs(
+        [batch.prompt_ids[i] for i in rows], [batch.reply_ids[i] for i in rows], temperature
+    )
+    assert torch.equal(plain[0], scores.logprobs) and torch.equal(plain[1], scores.mask)
+
+
+def test_kl_to_a_reference_equal_to_the_policy_adds_nothing(module, rl):
+    """At the start of RL the policy is its reference: k3 = 0 and its gradient 0 at every
+    token, so the update is the plain REINFORCE one; once the weights moved, KL > 0."""
+    batch = action_batch(module)
+    module.rl = RLConfig()
+    plain = gradient_of(module, module.action_loss, batch)
+    module.rl = RLConfig(kl_coef=1.0)
+    extra = {}
+    with references_of(module, moved=False):
+        penalised = gradient_of(
+            module, lambda b, back: module.action_loss(b, back, None, extra), batch
+        )
+    assert float(extra["loss_action/kl"]) == 0.0
+    torch.testing.assert_close(penalised, plain)
+    with references_of(module, moved=True):
+        module.action_loss(batch, lambda agent, loss: None, None, extra)
+    assert float(extra["loss_action/kl"]) > 0.0
+
+
+def test_without_a_baseline_equal_credits_still_give_a_gradient(module, rl):
+    batch = action_batch(module)
+    equal = ActionBatch(batch.agent, batch.prompt_ids, batch.reply_ids, [2.0] * 8, batch.decisions)
+    module.rl = RLConfig()
+    assert gradient_of(module, module.action_loss, equal)[:-1].abs().sum() == 0
+    module.rl = RLConfig(baseline="none")
+    assert gradient_of(module, module.action_loss, equal)[:-1].abs().sum() > 0
+
+
+def test_role_decision_baselines_group_the_updates_rows_by_role_and_decision():
+    """Two agents of one role (replicas) share their groups; another role's rows never mix."""
+    roles = {0: SimpleNamespace(role="logger"), 1: SimpleNamespace(role="logger")}
+    roles[2] = SimpleNamespace(role="miner")
+    learner = SimpleNamespace(rl=RLConfig(baseline="role_decision_mean"), population=roles)
+    batches = [
+        ActionBatch(0, [[1]] * 3, [[2]] * 3, [1.0, 2.0, 6.0], [0, 1, 5]),
+        ActionBatch(1, [[1]] * 2, [[2]] * 2, [3.0, 10.0], [0, 1]),
+        ActionBatch(2, [[1]] * 2, [[2]] * 2, [7.0, 9.0], [0, 0]),
+    ]
+    found = SwarmModule.role_decision_baselines(learner, batches)
+    assert found == {0: [2.0, 6.0, None], 1: [2.0, 6.0], 2: [8.0, 8.0]}
+    learner.rl = RLConfig()
+    assert SwarmModule.role_decision_baselines(learner, batches) == {}
+
+
+def test_fork_selection_by_margin_and_by_nearness_to_the_next_reward():
+    def contested(index: int, winning: float, runner_up: float, reward: float = 0.0):
+        decision = Decision(actor=0, winning_bid=winning, runner_up=1, runner_up_bid=runner_up)
+        return StepRecord(index, decision, reward=reward, snapshot={})
+
+    steps = [contested(0, 0.8, 0.6), contested(1, 0.8, 0.2), contested(2, 0.6, 0.4, 3.0)]
+    steps += [contested(3, 0.8, 0.4), contested(4, 0.4, 0.2), contested(5, 0.8, 0.6, 1.0)]
+    steps += [contested(6, 0.8, 0.2)]
+    episode = Episode(0, steps)
+
+    def chosen(selection, budget, seed=0):
+        picked = choose_fork_steps(episode, steps, selection, budget, random.Random(seed))
+        return [s.index for s in picked]
+
+    # margins 0.2 at steps 0, 2, 4, 5; 0.4 at 3; 0.6 at 1 and 6
+    for seed in range(5):
+        assert sorted(chosen("margin", 4, seed)) == [0, 2, 4, 5]
+        assert chosen("margin", 5, seed)[4] == 3
+    # ties in random order: 0.8-0.6, 0.6-0.4 and 0.4-0.2 are one margin, each first sometimes
+    assert {chosen("margin", 1, seed)[0] for seed in range(40)} == {0, 2, 4, 5}
+    # next reward at 2 (3.0) and 5 (1.0): distances 2, 1, 0, 2, 1, 0 and none for step 6
+    assert sorted(chosen("near_reward", 2)) == [2, 5]
+    assert sorted(chosen("near_reward", 4)) == [1, 2, 4, 5]
+    assert chosen("near_reward", 7)[-1] == 6  # after the last reward: chosen last
+    # without replacement, deterministic per draw, never more than there are
+    assert chosen("near_reward", 7, 3) == chosen("near_reward", 7, 3)
+    assert sorted(chosen("uniform", 10)) == list(range(7))
+    assert chosen("uniform", 3, 1) == [s.index for s in random.Random(1).sample(steps, 3)]
+
+
+def test_the_learning_rate_schedule_and_the_new_terms_reach_the_history(module):
+    """Three updates under a linear schedule: lr, then 2/3 and 1/3 of it, set in every param
+    group; the KL term is 0 at the first update (the reference is the policy) and above 0
+    once the weights moved; the entropy term is logged."""
+    batch = action_batch(module, agent=1)
+    collector = FixedCollector(module.collector, [batch])
+    collector.total_updates = 3
+    rl = RLConfig(lr=1e-3, lr_schedule="linear", kl_coef=0.1, entropy_coef=0.01)
+    before = [[p.detach().clone() for p in agent.parameters()] for agent in module.population]
+    learner = SwarmModule(module.population, collector, rl, 1.0)
+    trainer = L.Trainer(
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    try:
+        trainer.fit(learner)
+        history = learner.history
+        assert [h["lr"] for h in history] == pytest.approx([1e-3, 2e-3 / 3, 1e-3 / 3])
+        assert all(g["lr"] == pytest.approx(1e-3 / 3) for g in learner.optimizers().param_groups)
+        assert history[0]["loss_action/kl"] == 0.0 and history[2]["loss_action/kl"] > 0.0
+        assert all(h["entropy"] > 0.0 for h in history)
+        plain = SwarmModule(
+            module.population, FixedCollector(module.collector, [batch]), RLConfig(), 1.0
+        )
+        assert plain.references is None  # kl_coef 0: no copy is made
+    finally:
+        with torch.no_grad():
+            for old, agent in zip(before, module.population, strict=True):
+                for value, p in zip(old, agent.parameters(), strict=True):
+                    p.copy_(value)

@@ -26,6 +26,18 @@ SFT_FLOPS = "sft/flops"
 """SFT's training FLOPs, 6 x parameters x trained tokens (all agents; ``/<agent>``)."""
 SFT_BUDGET = (SFT_ACTION_TOKENS, SFT_BID_TOKENS, SFT_FLOPS)
 """The SFT budget a run logs, each as a total and per agent."""
+KL_ACTION = "loss_action/kl"
+"""[ours] The KL penalty's term (k3 estimator) on action tokens, mean over the agents with data,
+before ``rl.kl_coef``; logged only when ``rl.kl_coef`` > 0."""
+KL_BID = "loss_bid/kl"
+"""[ours] The KL penalty's term on bid tokens (both replies of each pair), mean over the agents
+with pairs; logged only when ``rl.kl_coef`` > 0."""
+ENTROPY = "entropy"
+"""[ours] Entropy of the action tokens' full-vocabulary distributions, normalised as the
+REINFORCE loss, mean over the agents with data; logged only when ``rl.entropy_coef`` > 0."""
+LEARNING_RATE = "lr"
+"""[ours] The RL learning rate of the update; logged only with ``rl.lr_schedule`` other than
+constant or ``rl.warmup_updates`` > 0."""
 WINNING_BIDS = "bids/winning"
 """``bids/winning/<role>/<level>``: share of the role's acting steps won at that bid level;
 ``bids/winning/<role>/mean``: the role's mean winning bid (rules that record winning bids)."""

@@ -10,6 +10,7 @@ side.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,21 @@ def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class ReplyScores:
+    """Per reply token (column j: token j of the row's reply), every tensor [B, L].
+
+    logprobs: log pi(token | prompt, earlier reply tokens), 0 on padding.
+    mask:     1 on the reply's tokens, 0 on padding.
+    entropy:  the entropy of the full next-token distribution at the token's position, 0 on
+              padding (None: not asked for).
+    """
+
+    logprobs: Tensor
+    mask: Tensor
+    entropy: Tensor | None = None
 
 
 class AgentPolicy(torch.nn.Module):
@@ -400,11 +416,24 @@ class AgentPolicy(torch.nn.Module):
         position ids counted from each row's first real token, so the values equal those of
         one-at-a-time passes. ``temperature`` divides the logits (match the sampling one).
         """
+        scores = self.reply_token_scores(prompt_ids, reply_ids, temperature)
+        return scores.logprobs, scores.mask
+
+    def reply_token_scores(
+        self,
+        prompt_ids: list[list[int]],
+        reply_ids: list[list[int]],
+        temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> ReplyScores:
+        """:meth:`reply_token_logprobs` and, with ``entropy``, the entropy of the whole
+        next-token distribution (at ``temperature``) at each reply position, with gradient
+        (:class:`ReplyScores`, every tensor [B, L])."""
         lengths = torch.tensor([len(reply) for reply in reply_ids], device=self.device)
         width = int(lengths.max()) if len(reply_ids) else 0
         if width == 0:
             empty = torch.zeros((len(reply_ids), 0), device=self.device)
-            return empty, empty
+            return ReplyScores(empty, empty, empty if entropy else None)
         sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
         input_ids, attention_mask = left_pad(sequences, self.pad_id, self.device)
         self._use_own_adapter()
@@ -419,11 +448,16 @@ class AgentPolicy(torch.nn.Module):
         # tokens, where each row's reply sits right-aligned.
         logits = out.logits[:, :-1, :].float() / temperature
         targets = input_ids[:, -width:]
-        right_aligned = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+        log_probs = torch.log_softmax(logits, dim=-1)
+        right_aligned = log_probs.gather(-1, targets[..., None])[..., 0]
         columns = torch.arange(width, device=self.device)
         mask = (columns[None, :] < lengths[:, None]).float()
         index = (columns[None, :] + (width - lengths)[:, None]).clamp(max=width - 1)
-        return right_aligned.gather(1, index) * mask, mask
+        token_entropy = None
+        if entropy:
+            right_aligned_entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
+            token_entropy = right_aligned_entropy.gather(1, index) * mask
+        return ReplyScores(right_aligned.gather(1, index) * mask, mask, token_entropy)
 
     @torch.no_grad()
     def sequence_logprobs(
@@ -507,6 +541,38 @@ class AgentPolicy(torch.nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(directory)
         tokenizer.padding_side = "left"
         return cls(model, tokenizer, meta["role"], meta["max_prompt_tokens"], adapter=adapter)
+
+
+class FrozenReference:
+    """An agent's policy as it is when this is made (at the start of RL), frozen: the reference
+    of the KL penalty (``rl.kl_coef``). It is kept outside the learner's modules, so it is in no
+    checkpoint and no optimizer.
+
+    A fully fine-tuned agent's reference is a copy of its weights (a model's memory again, on
+    the agent's device; under DeepSpeed ZeRO-3 the copy is not sharded). A LoRA agent's is
+    the shared base model with every adapter disabled: no copy, but it is the base before SFT's
+    adapter, not the SFT policy.
+    """
+
+    def __init__(self, policy: AgentPolicy):
+        self.policy = policy
+        self.copy: AgentPolicy | None = None
+        if policy.adapter is None:
+            model = copy.deepcopy(policy.model).eval().requires_grad_(False)
+            self.copy = AgentPolicy(model, policy.tokenizer, policy.role, policy.max_prompt_tokens)
+
+    @torch.no_grad()
+    def reply_token_logprobs(
+        self, prompt_ids: list[list[int]], reply_ids: list[list[int]], temperature: float = 1.0
+    ) -> Tensor:
+        """log pi_ref of each reply token, [B, L], as :meth:`AgentPolicy.reply_token_logprobs`
+        lays them out; no gradient."""
+        if self.copy is None:
+            with self.policy.model.disable_adapter():
+                return self.policy.reply_token_logprobs(prompt_ids, reply_ids, temperature)[0]
+        if self.copy.device != self.policy.device:  # the learner moved the agents
+            self.copy.model.to(self.policy.device)
+        return self.copy.reply_token_logprobs(prompt_ids, reply_ids, temperature)[0]
 
 
 def share_one_lora_model(policies: Sequence[AgentPolicy]) -> bool:

@@ -1,4 +1,6 @@
-"""Loss terms of MPT: REINFORCE on action tokens (Eq. 2) and Bradley–Terry on bids (Eq. 3).
+"""Loss terms of MPT: REINFORCE on action tokens (Eq. 2) and Bradley–Terry on bids (Eq. 3),
+with the options beyond the paper [ours]: the REINFORCE baseline and advantage normalisation,
+a KL penalty to the policy at the start of RL and an entropy bonus.
 
 Pure functions of tensors that return named terms; the training module sums and logs them.
 """
@@ -6,6 +8,7 @@ Pure functions of tensors that return named terms; the training module sums and 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from enum import Enum
 
 import torch
@@ -22,6 +25,88 @@ class Normalization(str, Enum):
     """-mean_b(adv_b * sum_l logp_bl m_bl): every acting step weighs the same."""
 
     __str__ = str.__str__
+
+
+class Baseline(str, Enum):
+    """What REINFORCE subtracts from each acting step's credit (``rl.baseline``)."""
+
+    agent_mean = "agent_mean"
+    """The paper's (Eq. 2): the mean credit of the agent's acting steps in the batch."""
+    role_decision_mean = "role_decision_mean"
+    """[ours] The mean credit of the batch's acting steps of the same role at the same decision
+    index (over every agent of that role); a step alone in its group gets the agent mean."""
+    none = "none"
+    """[ours] No baseline: the advantage is the credit."""
+
+    __str__ = str.__str__
+
+
+def group_mean_baselines(
+    credits: Sequence[float], groups: Sequence[Hashable]
+) -> list[float | None]:
+    """Per row, the mean credit of the rows in its group; None for a row alone in its group.
+
+    Args:
+        credits: credit of each acting step of the update, every agent's, shape [N].
+        groups: each row's group, e.g. (role, decision index), shape [N].
+
+    Returns:
+        shape [N]. Example: credits (1, 3, 5, 7), groups (a, a, b, c) -> (2, 2, None, None).
+    """
+    if len(credits) != len(groups):
+        raise ValueError(f"{len(credits)} credits for {len(groups)} groups")
+    sums: dict[Hashable, float] = {}
+    counts: dict[Hashable, int] = {}
+    for credit, group in zip(credits, groups, strict=True):
+        sums[group] = sums.get(group, 0.0) + float(credit)
+        counts[group] = counts.get(group, 0) + 1
+    return [sums[g] / counts[g] if counts[g] > 1 else None for g in groups]
+
+
+def reinforce_advantages(
+    credits: Tensor,
+    baseline: Baseline | str = Baseline.agent_mean,
+    group_means: Tensor | None = None,
+    normalize: bool = False,
+    eps: float = 1e-8,
+) -> Tensor:
+    """The advantage of each acting step of ONE agent's whole batch (Eq. 2's c_t - mean_i by
+    default), computed once before the batch is split into micro-batches.
+
+    Args:
+        credits: credit c_t of each of the agent's acting steps, shape [B].
+        baseline: ``agent_mean`` (paper): c_t - mean(c); ``role_decision_mean``: c_t minus
+            ``group_means[t]``, or mean(c) where that is NaN (a row alone in its group);
+            ``none``: c_t.
+        group_means: shape [B], NaN for singletons (:func:`group_mean_baselines`); needed by
+            ``role_decision_mean`` only.
+        normalize: divide by the advantages' standard deviation over the batch (population
+            std) plus ``eps``; a batch whose advantages are all equal (std 0, e.g. one row) is
+            left as it is, having no spread to normalise.
+
+    Returns:
+        shape [B], no gradient. Example: credits (1, 2, 6), agent_mean -> (-2, -1, 3);
+        normalized -> (-2, -1, 3) / sqrt(14 / 3).
+    """
+    if credits.dim() != 1:
+        raise ValueError(f"credits must have shape [B], got {tuple(credits.shape)}")
+    if baseline not in list(Baseline):
+        raise ValueError(f"baseline must be one of {[b.value for b in Baseline]}, got {baseline!r}")
+    credits = credits.detach()
+    if baseline == Baseline.agent_mean:
+        advantages = credits - credits.mean()
+    elif baseline == Baseline.role_decision_mean:
+        if group_means is None or group_means.shape != credits.shape:
+            raise ValueError("role_decision_mean needs group_means of shape [B]")
+        means = torch.where(torch.isnan(group_means), credits.mean(), group_means.to(credits))
+        advantages = credits - means
+    else:
+        advantages = credits.clone()
+    if normalize and len(advantages) > 1:
+        spread = advantages.std(correction=0)
+        if spread > 0:
+            advantages = advantages / (spread + eps)
+    return advantages
 
 
 def reinforce_loss(
@@ -82,6 +167,77 @@ def reinforce_loss(
     else:
         loss = -weighted.sum() / (len(weighted) if normalizer is None else normalizer)
     return {"loss_action": loss, "advantage_abs_mean": advantages.abs().mean().detach()}
+
+
+def kl_penalty(
+    token_logprobs: Tensor,
+    reference_logprobs: Tensor,
+    mask: Tensor,
+    normalizer: float,
+    row_weights: Tensor | None = None,
+) -> dict[str, Tensor]:
+    """[ours] KL(pi || pi_ref) per token by the k3 estimator (as in GRPO-style LLM RL):
+    k3 = exp(r) - r - 1 with r = logp_ref - logp, unbiased for the KL on tokens sampled from
+    pi, >= 0 for every token; its gradient in logp is 1 - exp(r) (0 where pi = pi_ref).
+
+    kl = sum_b w_b * sum_l k3_bl m_bl / normalizer.
+
+    Args:
+        token_logprobs: log pi(token) with gradient, shape [B, L].
+        reference_logprobs: log pi_ref(token), the policy at the start of RL, shape [B, L]
+            (data: no gradient flows into it).
+        mask: 1 on the tokens to penalise, shape [B, L].
+        normalizer: the whole batch's tokens or rows (or weighted rows), as the loss the term
+            is added to: the micro-batches' terms then sum to the whole batch's.
+        row_weights: each row's weight, shape [B] (None: all 1; a bid pair's weight).
+
+    Returns:
+        {"kl": scalar}. Example: logp = log 0.5, logp_ref = log 0.25 on one token ->
+        exp(log 0.5) - log 0.5 - 1 = 0.5 + 0.693 - 1 = 0.193.
+    """
+    if token_logprobs.shape != reference_logprobs.shape or mask.shape != token_logprobs.shape:
+        raise ValueError(
+            "token_logprobs, reference_logprobs and mask must share shape [B, L], got "
+            f"{tuple(token_logprobs.shape)}, {tuple(reference_logprobs.shape)}, "
+            f"{tuple(mask.shape)}"
+        )
+    if not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer!r}")
+    # Padding's ratio is 0 before exp (k3 = 0 there): an infinite log-prob on padding stays
+    # harmless, in the value and in the gradient.
+    ratio = torch.where(
+        mask > 0, reference_logprobs.detach() - token_logprobs, torch.zeros_like(token_logprobs)
+    )
+    per_token = torch.exp(ratio) - ratio - 1
+    per_row = per_token.sum(dim=1)
+    if row_weights is not None:
+        per_row = per_row * row_weights.detach().to(per_row.dtype)
+    return {"kl": per_row.sum() / normalizer}
+
+
+def entropy_bonus(token_entropy: Tensor, mask: Tensor, normalizer: float) -> dict[str, Tensor]:
+    """[ours] The policy's entropy at the trained positions, to be maximised (subtracted from
+    the loss with ``rl.entropy_coef``): entropy = sum_bl H_bl m_bl / normalizer.
+
+    Args:
+        token_entropy: H_bl = -sum_v pi(v) log pi(v) over the full vocabulary at each reply
+            position (with gradient), shape [B, L].
+        mask: 1 on the action tokens, shape [B, L].
+        normalizer: the whole batch's tokens (``token_mean``) or rows (``sequence_sum``).
+
+    Returns:
+        {"entropy": scalar}. Example: two positions, uniform over 2 and over 4 tokens,
+        normalizer 2 -> (log 2 + log 4) / 2 = 1.040.
+    """
+    if token_entropy.shape != mask.shape:
+        raise ValueError(
+            f"token_entropy and mask must share shape [B, L], got {tuple(token_entropy.shape)} "
+            f"and {tuple(mask.shape)}"
+        )
+    if not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer!r}")
+    masked = torch.where(mask > 0, token_entropy, torch.zeros_like(token_entropy))
+    return {"entropy": masked.sum() / normalizer}
 
 
 def bradley_terry_loss(

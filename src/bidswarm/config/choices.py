@@ -57,6 +57,28 @@ class ForkSteps(str, Enum):
     __str__ = str.__str__
 
 
+class ForkSelection(str, Enum):
+    """Which of an episode's eligible contested steps a bid update forks, ``rl.fork_budget`` of
+    them, without replacement, drawn from the update's randomness (``rl.fork_selection``)."""
+
+    uniform = "uniform"
+    """Uniformly at random (paper-faithful: the paper says no more). The default."""
+    margin = "margin"
+    """[ours] The steps whose winning bid exceeds the runner-up's by the least first (the
+    auction was closest there), ties in random order. Reads only the bids, made before the
+    outcome: it changes which states teach the bids, not which branch the labels prefer."""
+    near_reward = "near_reward"
+    """[ours] The steps closest before the episode's next reward first (distance in decisions
+    to the first rewarded step at or after it; steps after the last reward come last), ties in
+    random order. Biased, like ``rl.fork_steps=until_last_reward``: the choice reads the
+    recorded branch's own outcome. Right before a reward the recorded branch is known to earn
+    it soon, and the counterfactual must earn it again to tie or win, so the pairs lean toward
+    "keep the recorded (higher) bid"; forks far from any reward, where the lower bid could
+    win, are left out first."""
+
+    __str__ = str.__str__
+
+
 class BidResampling(str, Enum):
     """How a fork redraws the winner's bid below the runner-up's (``rl.bid_resample``)."""
 

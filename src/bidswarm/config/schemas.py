@@ -17,12 +17,14 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from bidswarm.algorithms.credit import CREDIT_RULES, CreditConfig
-from bidswarm.algorithms.losses import Normalization
+from bidswarm.algorithms.losses import Baseline, Normalization
+from bidswarm.algorithms.schedules import LRSchedule
 from bidswarm.config.choices import (
     Adapter,
     BidResampling,
     BidSlotWithoutBids,
     DType,
+    ForkSelection,
     ForkSteps,
     KVCache,
     ModelSource,
@@ -195,11 +197,29 @@ class RLConfig:
     needs more episodes than an action update for a usable batch of pairs (the default job:
     ~6 effective pairs from 16 worlds, ``forks/effective_pairs``)."""
     lr: float = 1e-6
+    lr_schedule: LRSchedule = LRSchedule.constant
+    """[ours] The RL learning rate over the updates, per param group, set once per update
+    (paper: constant) (:class:`~bidswarm.algorithms.schedules.LRSchedule`)."""
+    warmup_updates: int = 0
+    """[ours] Updates over which the learning rate rises to ``lr`` (0: none)."""
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     """Gradient-norm clip, applied to each agent's gradient separately (0: none)."""
     loss_normalization: Normalization = Normalization.token_mean
     """[ours] ``token_mean``: mean over action tokens; ``sequence_sum``: sum over each reply."""
+    baseline: Baseline = Baseline.agent_mean
+    """What REINFORCE subtracts from the credit (paper: the agent's mean credit in the batch)
+    (:class:`~bidswarm.algorithms.losses.Baseline`)."""
+    normalize_advantage: bool = False
+    """[ours] Divide each agent's advantages by their std over its batch (paper: no)."""
+    kl_coef: float = 0.0
+    """[ours] Weight of the KL penalty (k3 estimator, per token) of each agent's policy to its
+    policy at the start of RL, on action tokens and on bid tokens (paper: none, 0). Above 0 each
+    fully fine-tuned agent keeps a frozen copy of its weights; a LoRA agent's reference is the
+    base model without adapters (README "Our choices")."""
+    entropy_coef: float = 0.0
+    """[ours] Weight of the entropy bonus on action tokens (full-vocabulary entropy at each
+    trained position; paper: none, 0)."""
     micro_batch_tokens: int = 4096
     """The most tokens (rows x longest row) one learner forward sees: each agent's batch is
     split into micro-batches with gradient accumulation (the same update, up to float rounding),
@@ -208,6 +228,8 @@ class RLConfig:
     """[ours] contested steps forked per episode, sampled uniformly (0: no bid learning)."""
     fork_steps: ForkSteps = ForkSteps.all
     """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
+    fork_selection: ForkSelection = ForkSelection.uniform
+    """[ours] which of those the budget forks (:class:`ForkSelection`; paper: unreported)."""
     bid_resample: BidResampling = BidResampling.weighted_below_runner_up
     """[ours] how a fork redraws the winner's bid (:class:`BidResampling`)."""
     max_bid_resamples: int = 3

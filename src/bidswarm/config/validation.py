@@ -263,7 +263,10 @@ def _rl_problems(cfg: Any, problems: Problems) -> None:
             f"must be null or in 1..task.n_train_seeds ({cfg.task.n_train_seeds})",
         )
     problems.positive("rl.lr", rl.lr)
+    problems.at_least("rl.warmup_updates", rl.warmup_updates, 0)
     problems.non_negative("rl.weight_decay", rl.weight_decay)
+    problems.non_negative("rl.kl_coef", rl.kl_coef)
+    problems.non_negative("rl.entropy_coef", rl.entropy_coef)
     problems.non_negative("rl.grad_clip", rl.grad_clip)
     problems.at_least("rl.micro_batch_tokens", rl.micro_batch_tokens, 1)
     problems.at_least("rl.fork_budget", rl.fork_budget, 0)

@@ -19,9 +19,19 @@ import torch
 from torch.utils.data import DataLoader
 
 from bidswarm import metric_names as names
-from bidswarm.agents.policy import micro_batches
+from bidswarm.agents.policy import FrozenReference, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
-from bidswarm.algorithms.losses import Normalization, bradley_terry_loss, reinforce_loss
+from bidswarm.algorithms.losses import (
+    Baseline,
+    Normalization,
+    bradley_terry_loss,
+    entropy_bonus,
+    group_mean_baselines,
+    kl_penalty,
+    reinforce_advantages,
+    reinforce_loss,
+)
+from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
 from bidswarm.lit.memory import gpu_memory, release_cached_blocks
@@ -50,6 +60,12 @@ class SwarmModule(L.LightningModule):
         # LoRA checkpoints hold the adapters only (on_save_checkpoint); on_load_checkpoint
         # checks their keys itself, as strict loading would ask for the frozen base's too.
         self.strict_loading = not population.is_lora
+        # The KL penalty's reference: each agent as it starts RL (after SFT, or init_from's;
+        # a resumed run builds this module from sft/ before the checkpoint loads). Made only
+        # when the penalty is on: nothing is copied or forwarded otherwise.
+        self.references: list[FrozenReference] | None = (
+            [FrozenReference(agent) for agent in population.agents] if rl.kl_coef > 0 else None
+        )
 
     @property
     def total_updates(self) -> int:
@@ -84,9 +100,10 @@ class SwarmModule(L.LightningModule):
         release_cached_blocks(self.device)
         timings: dict[str, float] = {}
         phase = f"update_{collected.kind}"
+        schedule = self.set_learning_rate(update)
         with timed(timings, phase), gpu_memory(memory, phase, self.device):
             losses = self.learn(collected.batches)
-        metrics = collected.metrics | losses | memory
+        metrics = collected.metrics | losses | memory | schedule
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
         self.history.append(metrics)
         if self.logger is not None:  # the update is the step of every RL metric
@@ -164,22 +181,42 @@ class SwarmModule(L.LightningModule):
             )
 
     # -- learning ------------------------------------------------------------------------------
+    def set_learning_rate(self, update: int) -> dict[str, float]:
+        """Every param group's learning rate for ``update`` (``rl.lr_schedule`` after
+        ``rl.warmup_updates``), set once per update, whether or not it steps; a function of the
+        update alone, so a resumed run continues the schedule. Returns ``{"lr": ...}`` to log,
+        nothing under the paper's constant rate."""
+        if self.rl.lr_schedule == LRSchedule.constant and self.rl.warmup_updates == 0:
+            return {}
+        factor = lr_factor(update, self.total_updates, self.rl.lr_schedule, self.rl.warmup_updates)
+        for group in self.optimizers().param_groups:
+            group["lr"] = self.rl.lr * factor
+        return {names.LEARNING_RATE: self.rl.lr * factor}
+
     def learn(self, batches: list[ActionBatch] | list[BidBatch]) -> dict[str, float]:
         """Each agent's loss, micro-batch by micro-batch with gradient accumulation, then one
         optimizer step (skipped when no agent has data); returns the losses as metrics:
         ``loss_action/<agent>`` (``agent0_logger``, as the SFT curves) and ``loss_action``, the
-        mean over the agents with data (``loss_bid`` likewise)."""
+        mean over the agents with data (``loss_bid`` likewise); with ``rl.kl_coef`` or
+        ``rl.entropy_coef`` above 0 also their terms' means over the agents
+        (``loss_action/kl``, ``loss_bid/kl``, ``entropy``; ``metric_names``)."""
         accumulator = GradientAccumulator(self, self.population.agents)
         metrics: dict[str, float] = {}
         totals: dict[str, torch.Tensor] = {}
+        group_means = self.role_decision_baselines(batches)
         for batch in batches:
+            extra: dict[str, torch.Tensor] = {}
             if isinstance(batch, ActionBatch):
-                name, loss = "loss_action", self.action_loss(batch, accumulator.backward)
+                name = "loss_action"
+                means = group_means.get(batch.agent)
+                loss = self.action_loss(batch, accumulator.backward, means, extra)
             else:
-                name, loss = "loss_bid", self.bid_loss(batch, accumulator.backward)
+                name, loss = "loss_bid", self.bid_loss(batch, accumulator.backward, extra)
             agent = agent_folder_name(batch.agent, self.population[batch.agent].role)
             metrics[f"{name}/{agent}"] = float(loss)
             totals[name] = totals.get(name, 0) + loss / len(batches)
+            for term, value in extra.items():
+                totals[term] = totals.get(term, 0) + value / len(batches)
         if accumulator.synchronize():
             optimizer = self.optimizers()
             if self.rl.grad_clip > 0:
@@ -188,47 +225,104 @@ class SwarmModule(L.LightningModule):
             optimizer.zero_grad(set_to_none=True)
         return metrics | {name: float(total) for name, total in totals.items()}
 
-    def action_loss(self, batch: ActionBatch, backward: Backward) -> torch.Tensor:
-        """Eq. 2 of MPT: REINFORCE of one agent on its action tokens, with the per-agent mean
-        baseline and the normaliser of the whole batch; ``backward(agent, loss)`` per
-        micro-batch. Returns the batch's loss (detached)."""
+    def role_decision_baselines(
+        self, batches: list[ActionBatch] | list[BidBatch]
+    ) -> dict[int, list[float | None]]:
+        """Per agent, each row's mean credit over the update's rows of the same role and
+        decision index, None when alone (``rl.baseline=role_decision_mean``; else empty)."""
+        if self.rl.baseline != Baseline.role_decision_mean:
+            return {}
+        action = [b for b in batches if isinstance(b, ActionBatch)]
+        rows = [(b.agent, d, c) for b in action for d, c in zip(b.decisions, b.credit, strict=True)]
+        roles = [self.population[agent].role for agent, _, _ in rows]
+        means = group_mean_baselines(
+            [c for _, _, c in rows], [(r, d) for r, (_, d, _) in zip(roles, rows, strict=True)]
+        )
+        found: dict[int, list[float | None]] = {}
+        for (agent, _, _), mean in zip(rows, means, strict=True):
+            found.setdefault(agent, []).append(mean)
+        return found
+
+    def action_loss(
+        self,
+        batch: ActionBatch,
+        backward: Backward,
+        group_means: list[float | None] | None = None,
+        extra_terms: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Eq. 2 of MPT: REINFORCE of one agent on its action tokens, with the advantages of
+        its whole batch (``rl.baseline``: the per-agent mean by default; ``group_means`` for
+        ``role_decision_mean``) and the normaliser of the whole batch, plus ``rl.kl_coef`` x the
+        KL to the reference and minus ``rl.entropy_coef`` x the entropy (each term only when
+        its coefficient is above 0); ``backward(agent, loss)`` per micro-batch. Returns the
+        batch's REINFORCE loss (detached); ``extra_terms`` receives the batch's KL and entropy."""
         policy = self.population.agents[batch.agent]
         credits = torch.tensor(batch.credit, dtype=torch.float32, device=policy.device)
-        baseline = credits.mean()
+        means = None
+        if group_means is not None:
+            means = torch.tensor(
+                [float("nan") if m is None else m for m in group_means], device=policy.device
+            )
+        advantages = reinforce_advantages(
+            credits, self.rl.baseline, means, self.rl.normalize_advantage
+        )
         normalizer = float(
             sum(len(r) for r in batch.reply_ids)
             if self.rl.loss_normalization == Normalization.token_mean
             else len(batch.reply_ids)
         )
+        kl_on, entropy_on = self.rl.kl_coef > 0, self.rl.entropy_coef > 0
         total = torch.zeros((), device=policy.device)
+        kl_total, entropy_total = torch.zeros(()), torch.zeros(())
         for part in micro_batches(batch.row_tokens, self.rl.micro_batch_tokens):
-            logp, mask = policy.reply_token_logprobs(
-                [batch.prompt_ids[i] for i in part],
-                [batch.reply_ids[i] for i in part],
-                temperature=self.temperature,
-            )
-            terms = reinforce_loss(
-                logp,
-                mask,
-                credits[part.start : part.stop],
+            prompts = [batch.prompt_ids[i] for i in part]
+            replies = [batch.reply_ids[i] for i in part]
+            scores = policy.reply_token_scores(prompts, replies, self.temperature, entropy_on)
+            loss = reinforce_loss(
+                scores.logprobs,
+                scores.mask,
+                advantages[part.start : part.stop],
                 self.rl.loss_normalization,
-                baseline=baseline,
+                baseline=torch.zeros((), device=policy.device),
                 normalizer=normalizer,
-            )
-            backward(batch.agent, terms["loss_action"])
-            total = total + terms["loss_action"].detach()
+            )["loss_action"]
+            total = total + loss.detach()
+            if kl_on:
+                reference = self.references[batch.agent].reply_token_logprobs(
+                    prompts, replies, self.temperature
+                )
+                kl = kl_penalty(scores.logprobs, reference, scores.mask, normalizer)["kl"]
+                loss = loss + self.rl.kl_coef * kl
+                kl_total = kl_total + kl.detach().cpu()
+            if entropy_on:
+                entropy = entropy_bonus(scores.entropy, scores.mask, normalizer)["entropy"]
+                loss = loss - self.rl.entropy_coef * entropy
+                entropy_total = entropy_total + entropy.detach().cpu()
+            backward(batch.agent, loss)
+        if extra_terms is not None:
+            extra_terms |= {names.KL_ACTION: kl_total} if kl_on else {}
+            extra_terms |= {names.ENTROPY: entropy_total} if entropy_on else {}
         return total
 
-    def bid_loss(self, batch: BidBatch, backward: Backward) -> torch.Tensor:
+    def bid_loss(
+        self,
+        batch: BidBatch,
+        backward: Backward,
+        extra_terms: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Eq. 3 of MPT: Bradley-Terry of one agent over its preference pairs' bid tokens, the
         mean weighted by the pairs' weights over the whole batch (every micro-batch divides by
         the batch's weight sum, so the micro-batches' losses and gradients add up to the whole
         batch's); both replies of a pair share a forward; ``backward(agent, loss)`` per
-        micro-batch of pairs. Returns the batch's loss (detached)."""
+        micro-batch of pairs. With ``rl.kl_coef`` above 0, plus that times the KL to the
+        reference on both replies' bid tokens (per reply summed over its tokens, the replies
+        weighted by their pair's weight, divided by twice the weight sum). Returns the batch's
+        Bradley-Terry loss (detached); ``extra_terms`` receives the batch's KL."""
         policy = self.population.agents[batch.agent]
         weights = torch.tensor(batch.weights, dtype=torch.float32, device=policy.device)
         weight_sum = float(weights.sum())
         total = torch.zeros((), device=policy.device)
+        kl_on, kl_total = self.rl.kl_coef > 0, torch.zeros(())
         # A pair is two rows of one forward: half the budget per pair row.
         for part in micro_batches(batch.row_tokens, self.rl.micro_batch_tokens // 2):
             prompts = [batch.prompt_ids[i] for i in part] * 2
@@ -243,8 +337,19 @@ class SwarmModule(L.LightningModule):
                 weights=weights[part.start : part.stop],
                 normalizer=weight_sum,
             )
-            backward(batch.agent, terms["loss_bid"])
-            total = total + terms["loss_bid"].detach()
+            loss = terms["loss_bid"]
+            total = total + loss.detach()
+            if kl_on:
+                reference = self.references[batch.agent].reply_token_logprobs(
+                    prompts, replies, self.temperature
+                )
+                row_weights = weights[part.start : part.stop].repeat(2)
+                kl = kl_penalty(logp, reference, mask, 2 * weight_sum, row_weights)["kl"]
+                loss = loss + self.rl.kl_coef * kl
+                kl_total = kl_total + kl.detach().cpu()
+            backward(batch.agent, loss)
+        if extra_terms is not None and kl_on:
+            extra_terms[names.KL_BID] = kl_total
         return total
 
     def _clip_per_agent(self, optimizer) -> None:

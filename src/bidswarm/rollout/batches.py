@@ -19,12 +19,14 @@ from bidswarm.rollout.records import Episode, PreferencePair
 
 @dataclass(frozen=True)
 class ActionBatch:
-    """One agent's acting steps: the prompt it saw, the action it wrote, the step's credit."""
+    """One agent's acting steps: the prompt it saw, the action it wrote, the step's credit and
+    its decision index in the episode (what ``rl.baseline=role_decision_mean`` groups by)."""
 
     agent: int
     prompt_ids: list[list[int]]
     reply_ids: list[list[int]]
     credit: list[float]
+    decisions: list[int]
 
     @property
     def row_tokens(self) -> list[int]:
@@ -83,13 +85,14 @@ def credited_batches(
             episode_reads(episode),
         )
         discarded += lost
-        rows += [(s.actor, s.action, c) for s, c in zip(acting, credits, strict=True)]
+        rows += [(s.actor, s.action, c, s.index) for s, c in zip(acting, credits, strict=True)]
     batches = [
         ActionBatch(
             agent,
-            [action.prompt_ids for _, action, _ in items],
-            [action.reply_ids for _, action, _ in items],
-            [credit for _, _, credit in items],
+            [action.prompt_ids for _, action, _, _ in items],
+            [action.reply_ids for _, action, _, _ in items],
+            [credit for _, _, credit, _ in items],
+            [decision for _, _, _, decision in items],
         )
         for agent, items in group_by(rows, lambda row: row[0])
     ]

@@ -10,6 +10,7 @@ expectation as rejection sampling, without the forks it drops.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ import torch
 
 from bidswarm.algorithms.losses import fork_preference
 from bidswarm.algorithms.resampling import rejection_keep_probability
-from bidswarm.config import BidResampling, ForkSteps, RLConfig
+from bidswarm.config import BidResampling, ForkSelection, ForkSteps, RLConfig
 from bidswarm.envs.base import TextEnv
 from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.loop import RolloutLoop
@@ -87,6 +88,44 @@ def forkable_steps(episode: Episode, fork_steps: ForkSteps) -> list[StepRecord]:
     return [s for s in contested if s.index <= rewarded[-1]]
 
 
+def choose_fork_steps(
+    episode: Episode,
+    eligible: list[StepRecord],
+    selection: ForkSelection | str,
+    budget: int,
+    rng: random.Random,
+) -> list[StepRecord]:
+    """``budget`` of the ``eligible`` contested steps of ``episode`` (all when fewer), without
+    replacement, drawn from ``rng`` alone (``rl.fork_selection``, :class:`ForkSelection`).
+
+    ``uniform``: a uniform draw (``rng.sample``). ``margin``: smallest winning bid minus
+    runner-up bid first. ``near_reward``: fewest decisions to the episode's next reward (the
+    first rewarded step at or after the step; none after the last reward: last) first. Both
+    break ties by a random number per eligible step, drawn in the steps' order. ``near_reward``
+    is biased: it reads the recorded branch's own outcome (:class:`ForkSelection`).
+
+    Example: margins (0.2, 0.6, 0.2, 0.4), budget 3, margin -> the two 0.2 steps in random
+    order, then the 0.4 step.
+    """
+    count = min(budget, len(eligible))
+    if selection == ForkSelection.uniform:
+        return rng.sample(eligible, count)
+    if selection == ForkSelection.margin:
+
+        def closeness(step: StepRecord) -> float:
+            # rounded: 0.8 - 0.6 and 0.6 - 0.4 are one margin, not two floats apart
+            return round(step.decision.winning_bid - step.decision.runner_up_bid, 9)
+    elif selection == ForkSelection.near_reward:
+        rewarded = [s.index for s in episode.steps if s.reward != 0.0]
+
+        def closeness(step: StepRecord) -> float:
+            return min((i - step.index for i in rewarded if i >= step.index), default=math.inf)
+    else:
+        raise ValueError(f"fork selection must be one of {[f.value for f in ForkSelection]}")
+    ranked = sorted(eligible, key=lambda step: (closeness(step), rng.random()))
+    return ranked[:count]
+
+
 def fork_pairs(
     loop: RolloutLoop,
     episodes: list[Episode],
@@ -97,8 +136,9 @@ def fork_pairs(
 ) -> tuple[list[PreferencePair], ForkStats]:
     """Counterfactual forks of contested steps (PAPER.md section 4) -> preference pairs.
 
-    For each chosen contested step (``rl.fork_budget`` per episode, drawn uniformly among the
-    steps :func:`forkable_steps` allows): restore the world, redraw the winner's bid below the
+    For each chosen contested step (``rl.fork_budget`` per episode among the steps
+    :func:`forkable_steps` allows, uniformly or as ``rl.fork_selection`` says,
+    :func:`choose_fork_steps`): restore the world, redraw the winner's bid below the
     runner-up's (``rl.bid_resample``: up to ``rl.max_bid_resamples`` parsed-or-not resamples,
     or a draw restricted to the levels below, weighted or not by the chance that those
     resamples would have kept the fork), let the runner-up act, roll the branch out with the
@@ -113,7 +153,7 @@ def fork_pairs(
         stats.contested += sum(s.contested for s in episode.steps)
         eligible = forkable_steps(episode, rl.fork_steps)
         stats.eligible += len(eligible)
-        for step in rng.sample(eligible, min(rl.fork_budget, len(eligible))):
+        for step in choose_fork_steps(episode, eligible, rl.fork_selection, rl.fork_budget, rng):
             chosen.append((episode, step))
     stats.chosen = len(chosen)
     if not chosen:
