@@ -50,6 +50,9 @@ def _no_leaked_environment():
                 "PYTEST_",
                 "TORCHINDUCTOR_",
                 "_MLFLOW_TELEMETRY_",
+                # DeepSpeed and Lightning set it when first imported (transformers' save path
+                # may be the first to import DeepSpeed).
+                "PYTORCH_NVML_BASED_CUDA_CHECK",
             )
         )
     }
