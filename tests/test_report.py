@@ -563,6 +563,10 @@ def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
             client.log_metric(ids[name], "updates/bid", update + 1 - made, step=update)
     # Logged before the budget was: only its RL FLOPs.
     log_training_run(client, experiment_id, "ablation=round_robin,seed=0", [1.0])
+    # Killed before its held-out evaluation: its partial budget is not averaged in.
+    unfinished = client.create_run(experiment_id, run_name="seed=2").info.run_id
+    client.log_metric(unfinished, "sft/action_tokens", 10.0, step=0)
+    client.log_metric(unfinished, "updates/action", 3.0, step=2)
     evaluation = client.create_run(
         experiment_id,
         run_name="eval coordination=agentnet",

@@ -115,7 +115,8 @@ def difference_table(differences: list[DifferenceRow], reference: str) -> str:
 
 def budget_table(groups: dict[str, list[RunResult]]) -> str:
     """Markdown: per strategy, what its training spent (:data:`BUDGET_COLUMNS`), the mean over
-    its runs that logged it (empty when no run logged a budget)."""
+    its scored runs that logged it, the runs its reward rows count (a run that did not finish
+    has no held-out result and would understate the budget); empty when none logged one."""
     headers = " | ".join(header for _, header in BUDGET_COLUMNS)
     lines = [
         "What each strategy's training spent (mean over its runs; an evaluation run counts "
@@ -129,7 +130,7 @@ def budget_table(groups: dict[str, list[RunResult]]) -> str:
     ]
     found = False
     for strategy, results in groups.items():
-        budgets = [r.budget for r in results if r.budget]
+        budgets = [r.budget for r in results if r.budget and r.heldout_mean is not None]
         if not budgets:
             continue
         found = True
