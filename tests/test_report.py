@@ -355,6 +355,10 @@ def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
         and "| 2 |" in shown.stdout
     )
     assert (out / "reward_vs_flops.png").exists() and (out / "participation.png").exists()
+    # Each run logged its per-world pass@k after SFT and after RL: the gain is paired on cells.
+    success = shown.stdout[shown.stdout.index("Task success and pass@k on the held-out") :]
+    row = next(line for line in success.splitlines() if line.startswith("| debug=smoke"))
+    assert row.endswith("| 2 |") and "²" not in row and " .. " in row
 
 
 def test_rl_gain_and_participation_shift_per_strategy():
@@ -388,6 +392,46 @@ def test_rl_gain_and_participation_shift_per_strategy():
     assert "| mpt | logger 80% → 50%; miner 20% → 50% | 3 |" in shift
     assert "flat" not in shift, "a run without participation metrics has no row"
     assert tables.rl_gain_table(reading.group_by_strategy([trained("x", 0, {0: 1.0})])) == ""
+
+
+def test_task_success_after_sft_and_after_rl_read_from_mlflow_and_paired_on_worlds(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("long", str(tmp_path / "artifacts"))
+    worlds = range(4)
+    for seed in (0, 1, 2):
+        run_id = log_training_run(client, experiment_id, f"seed={seed}", [1.0, 2.0])
+        for when, share in (("before", 0.1), ("after", 0.4)):
+            per_world = {str(w): share + 0.1 * (w % 2) + 0.05 * seed for w in worlds}
+            client.log_dict(run_id, per_world, f"heldout/eval_{when}_pass_at_3_worlds.json")
+            mean = sum(per_world.values()) / len(per_world)
+            client.log_metric(run_id, f"eval_{when}/pass_at_3/mean", mean)
+            client.log_metric(run_id, f"eval_{when}/pass_at_1/mean", mean / 2)
+            client.log_metric(run_id, f"eval_{when}/task/success", mean / 2)
+    # Logged before per-world pass@k existed: the gain's interval is over its runs.
+    for seed, gain in ((0, 0.1), (1, 0.3)):
+        run_id = log_training_run(client, experiment_id, f"credit=x,seed={seed}", [1.0, 2.0])
+        client.log_metric(run_id, "eval_before/pass_at_3/mean", 0.2)
+        client.log_metric(run_id, "eval_after/pass_at_3/mean", 0.2 + gain)
+    runs = reading.find_runs(client, None, "long")
+    results = [reading.read_run(client, run) for run in runs]
+    mpt = next(r for r in results if r.strategy == reading.DEFAULT_STRATEGY)
+    assert sorted(mpt.world_success) == ["after", "before"]
+    assert mpt.world_success["after"][3][1] == pytest.approx(0.5 + 0.05 * mpt.training_seed)
+    table = tables.success_gain_table(reading.group_by_strategy(results))
+    # Every cell gains exactly 30 points: the paired cluster bootstrap interval is a point.
+    mpt_row = "| 10% → 25% | 10% → 25% | 20% → 50% | +30.0 | +30.0 .. +30.0 | 3 |"
+    assert f"| {reading.DEFAULT_STRATEGY} {mpt_row}" in table
+    over_runs = statistics.summarize([0.1, 0.3])
+    assert (
+        f"| credit=x |  |  | 20% → 40% | +20.0 | {100 * over_runs.ci_low:+.1f} .. "
+        f"{100 * over_runs.ci_high:+.1f}² | 2 |"
+    ) in table
+    assert table.endswith("no per-world pass@k logged.")
+    lone = [r for r in results if r.strategy == "credit=x" and r.training_seed == 0]
+    assert "| +10.0 | ² | 1 |" in tables.success_gain_table({"credit=x": lone})
+    assert tables.success_gain_table({"x": [trained("x", 0, {0: 1.0})]}) == ""
 
 
 def test_results_file_sections_are_replaced_not_duplicated(tmp_path):

@@ -284,15 +284,7 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "evaluation.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    heldout = out_dir / "heldout"
-    heldout.mkdir(exist_ok=True)
-    per_world = {"eval": evaluation.world_rewards} | {
-        f"eval_pass_at_{k}": values for k, values in evaluation.world_pass_at_k.items()
-    }
-    world_files = [heldout / f"{key}_worlds.json" for key in per_world]
-    for path, values in zip(world_files, per_world.values(), strict=True):
-        worlds = {str(world): value for world, value in values.items()}
-        path.write_text(json.dumps(worlds, indent=1) + "\n")
+    world_files = evaluation.write_worlds(out_dir / "heldout", "eval")
     if cfg.logger.name == "mlflow":
         log_to_mlflow(cfg, metrics, world_files)
     console.say(

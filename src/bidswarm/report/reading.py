@@ -81,6 +81,11 @@ class RunResult:
     """An evaluation run's success, pass@k, agents and FLOPs per decision (:data:`OUTCOMES`)."""
     world_pass_at_k: dict[int, dict[int, float]] = field(default_factory=dict)
     """An evaluation run's k -> world id -> pass@k (empty: the run logged none)."""
+    success: dict[str, dict[str, float]] = field(default_factory=dict)
+    """A training run's held-out evaluations ``before`` / ``after`` RL -> ``task/success`` and
+    ``pass_at_<k>/mean`` (a phase absent: not measured)."""
+    world_success: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
+    """``before`` / ``after`` RL -> k -> world id -> pass@k (absent: the run logged none)."""
     heldout_curve: dict[str, tuple[float, float]] = field(default_factory=dict)
     """A training run's held-out mean reward along training: ``before``, ``update <u>``
     (``eval.every``), ``after`` -> (RL training FLOPs so far, reward) (:func:`heldout_curve`)."""
@@ -255,6 +260,17 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             for key, value in metrics.items()
             if key.startswith(prefix)
         }
+    success = {
+        when: found
+        for when in ("before", "after")
+        if (found := success_of(metrics, f"eval_{when}/"))
+    }
+    world_success: dict[str, dict[int, dict[int, float]]] = {}
+    for when, found in success.items():
+        for k in pass_ks([found]):
+            worlds = read_world_rewards(client, run.info.run_id, f"eval_{when}_pass_at_{k}")
+            if worlds is not None:
+                world_success.setdefault(when, {})[k] = worlds
     return RunResult(
         run.info.run_id,
         strategy,
@@ -266,6 +282,8 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         world_rewards=read_world_rewards(client, run.info.run_id, "eval_after"),
         before_world_rewards=read_world_rewards(client, run.info.run_id, "eval_before"),
         participation=participation,
+        success=success,
+        world_success=world_success,
         heldout_curve=heldout_curve(client, run.info.run_id, metrics),
         budget=budget_of(metrics),
         winning_bids={
@@ -274,6 +292,20 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             if (bids := winning_bids_of(metrics, f"eval_{when}"))
         },
     )
+
+
+def success_of(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    """``task/success`` and every ``pass_at_<k>/mean`` among the metrics under ``prefix``."""
+    found = {
+        name.removeprefix(prefix): value
+        for name, value in metrics.items()
+        if name.startswith(prefix)
+    }
+    return {
+        name: value
+        for name, value in found.items()
+        if name == "task/success" or (name.startswith("pass_at_") and name.endswith("/mean"))
+    }
 
 
 def pass_ks(outcomes: list[dict[str, float]]) -> list[int]:

@@ -1,6 +1,6 @@
 """The report's markdown: the strategy table and its verdict, the paired differences, and
-the budget, RL gain, participation, winning-bid and outcome tables (each empty when no run
-logged what it shows)."""
+the budget, RL gain (reward and task success), participation, winning-bid and outcome tables
+(each empty when no run logged what it shows)."""
 
 from __future__ import annotations
 
@@ -186,6 +186,82 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     if one_seed:
         lines += ["", f"¹ {ONE_SEED}."]
     return "\n".join(lines) if found else ""
+
+
+def success_gain_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per training strategy, held-out task success and pass@1..k after SFT -> after
+    RL (means over its runs) and the highest pass@k's gain with its 95% CI: paired on the
+    (training seed, world) cells by the two-way cluster bootstrap when every run logged
+    per-world pass@k, else a t interval over the runs' own after - before differences (one
+    training seed each); empty when no run measured both."""
+    rows = {
+        s: [r for r in rs if {"before", "after"} <= r.success.keys()] for s, rs in groups.items()
+    }
+    rows = {s: results for s, results in rows.items() if results}
+    if not rows:
+        return ""
+    ks = pass_ks([r.success["after"] for results in rows.values() for r in results])
+    columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
+    names = ["success"] + [f"pass@{k}" for k in ks]
+    top = f"pass@{ks[-1]}" if ks else "success"
+    lines = [
+        "Task success and pass@k on the held-out worlds after SFT → after RL (mean over runs; "
+        f"pass@k by the unbiased estimator per world), and what RL adds to {top} with its 95% "
+        "CI: paired on (training seed, world) cells by the two-way cluster bootstrap, or ² a t "
+        "interval over the runs' own differences where runs logged no per-world pass@k.",
+        "",
+        f"| strategy | {' | '.join(names)} | {top} RL − SFT | 95% CI | runs |",
+        "|" + "---|" * (len(names) + 4),
+    ]
+    footnotes = set()
+    for strategy, results in rows.items():
+        cells = []
+        for column in columns:
+            shares = {
+                when: [r.success[when].get(column) for r in results] for when in ("before", "after")
+            }
+            if any(v is None for values in shares.values() for v in values):
+                cells.append("")
+                continue
+            before, after = (sum(v) / len(v) for v in shares.values())
+            cells.append(f"{100 * before:.0f}% → {100 * after:.0f}%")
+        gain, interval, mark = success_gain(results, ks[-1] if ks else None)
+        footnotes.add(mark)
+        shown = "" if gain is None else f"{100 * gain:+.1f}"
+        lines.append(
+            f"| {strategy} | {' | '.join(cells)} | {shown} | {interval}{mark} | {len(results)} |"
+        )
+    if "¹" in footnotes:
+        lines += ["", f"¹ {ONE_SEED}."]
+    if "²" in footnotes:
+        lines += ["", "² t interval over runs (training seeds): no per-world pass@k logged."]
+    return "\n".join(lines)
+
+
+def success_gain(results: list[RunResult], k: int | None) -> tuple[float | None, str, str]:
+    """pass@k (task success when ``k`` is None) after RL minus after SFT over ``results``:
+    (mean, ``low .. high`` in points, footnote mark of :func:`success_gain_table`)."""
+    if k is not None and all(
+        k in r.world_success.get("before", {}) and k in r.world_success.get("after", {})
+        for r in results
+    ):
+        after = strategy_cells(results, lambda r: r.world_success["after"][k])
+        before = strategy_cells(results, lambda r: r.world_success["before"][k])
+        d = statistics.paired_difference(after, before, "after RL", "after SFT")
+        mark = "¹" if len({seed for seed, _ in after}) < 2 else ""
+        return d.mean, f"{100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f}", mark
+    column = "task/success" if k is None else f"pass_at_{k}/mean"
+    differences = [
+        r.success["after"][column] - r.success["before"][column]
+        for r in results
+        if column in r.success["after"] and column in r.success["before"]
+    ]
+    if not differences:
+        return None, "", ""
+    if len(differences) < 2:
+        return differences[0], "", "²"
+    summary = statistics.summarize(differences)
+    return summary.mean, f"{100 * summary.ci_low:+.1f} .. {100 * summary.ci_high:+.1f}", "²"
 
 
 def participation_table(groups: dict[str, list[RunResult]]) -> str:

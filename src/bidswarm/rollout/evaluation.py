@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
@@ -30,6 +32,21 @@ class Evaluation:
     world_rewards: dict[int, float]
     world_pass_at_k: dict[int, dict[int, float]]
     usage: Usage
+
+    def write_worlds(self, folder: Path, key: str) -> list[Path]:
+        """The per-world results as ``folder/<key>_worlds.json`` (mean reward) and
+        ``folder/<key>_pass_at_<k>_worlds.json`` (pass@k of task success), world ids as keys,
+        so that arms and phases can be paired on the same worlds; returns the files."""
+        folder.mkdir(parents=True, exist_ok=True)
+        per_world = {key: self.world_rewards} | {
+            f"{key}_pass_at_{k}": values for k, values in self.world_pass_at_k.items()
+        }
+        paths = []
+        for name, values in per_world.items():
+            path = folder / f"{name}_worlds.json"
+            path.write_text(json.dumps({str(w): v for w, v in values.items()}, indent=1) + "\n")
+            paths.append(path)
+        return paths
 
 
 def evaluate(

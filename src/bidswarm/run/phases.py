@@ -125,7 +125,8 @@ class Run:
     def evaluate_and_record(self, key: str, step: int | None = None) -> dict[str, float]:
         """Held-out mean, SE and 95% CI over worlds, logged under ``key/`` and kept in the
         run's state; the per-world mean rewards (to pair arms on the same worlds) go to the
-        state's ``key_worlds`` and the artifact ``heldout/<key>_worlds.json``."""
+        state's ``key_worlds`` and the artifact ``heldout/<key>_worlds.json``, the per-world
+        pass@k of task success to ``heldout/<key>_pass_at_<k>_worlds.json``."""
         if rank_zero_only.rank != 0:
             return {}
         seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
@@ -144,9 +145,8 @@ class Run:
         self.state[f"{key}_worlds"] = worlds
         self.save_state()
         heldout = self.run_dir / "heldout"
-        heldout.mkdir(exist_ok=True)
-        (heldout / f"{key}_worlds.json").write_text(json.dumps(worlds, indent=1) + "\n")
-        self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>_worlds.json
+        evaluation.write_worlds(heldout, key)
+        self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>*_worlds.json
         self.log_transcripts(key, evaluation.episodes)
         if self.credit.reads_memory:  # docs/memory.md: one example tree per evaluation
             self.log_artifact(self.draw_memory_tree(evaluation.episodes, key))
