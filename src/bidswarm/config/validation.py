@@ -191,6 +191,7 @@ def _trainer_problems(trainer: Any, problems: Problems) -> None:
     elif isinstance(devices, str):
         problems.require(devices == "auto", "trainer.devices", devices, "a number, a list, auto")
     problems.at_least("trainer.num_nodes", trainer.num_nodes, 1)
+    problems.positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     problems.one_of("trainer.strategy", trainer.strategy, STRATEGIES)
     if str(trainer.strategy).startswith("deepspeed"):
         problems.require(

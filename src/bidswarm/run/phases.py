@@ -294,7 +294,9 @@ class Run:
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
-            strategy=build_strategy(t.strategy, self.run_dir, t.gradient_clipping),
+            strategy=build_strategy(
+                t.strategy, self.run_dir, t.gradient_clipping, t.collective_timeout_s
+            ),
             precision=t.precision,
             deterministic=t.deterministic,
             logger=self.logger,
