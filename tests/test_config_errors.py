@@ -165,6 +165,7 @@ INVALID = [
     # eval
     (["eval.runs_per_seed=0"], "eval.runs_per_seed", "0", ">= 1"),
     (["eval.max_seeds=0"], "eval.max_seeds", "0", ">= 1"),
+    (["eval.batch_size=0"], "eval.batch_size", "0", ">= 1"),
 ]
 
 

@@ -1,5 +1,6 @@
 """Two CPU processes (gloo) share one run: the logged tokens and FLOPs are the sum of what each
-process spent, and both stop at the same global ``rl.flop_budget``.
+process spent, both stop at the same global ``rl.flop_budget``, and an evaluation spread over
+them gives exactly the numbers of one process playing it all.
 
 One pair of processes (``torch.multiprocessing``, each with the environment ``torchrun``
 gives) does everything; the tests read what each wrote."""
@@ -21,6 +22,7 @@ from lightning.pytorch.loggers import Logger
 pytestmark = pytest.mark.slow  # ~40 s on 2 busy cores, most of it starting the processes
 
 PROCESSES = 2
+HELDOUT_WORLDS, RUNS_PER_WORLD, EVAL_BATCH = 3, 2, 2  # 3 batches: 2 on process 0, 1 on 1
 USAGE_METRICS = ("tokens/rollout", "tokens/train", "flops/rollout", "flops/train", "flops/total")
 
 
@@ -80,7 +82,7 @@ def build_run(folder: Path):
 
 
 def process_main(rank: int, folder: Path, port: int) -> None:
-    """One process of the pair: RL under a global FLOP budget."""
+    """One process of the pair: evaluate spread and alone, then RL under a global budget."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(PROCESSES),
         RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0",
@@ -91,9 +93,33 @@ def process_main(rank: int, folder: Path, port: int) -> None:
     )
     from bidswarm.lit.strategy import build_strategy
     from bidswarm.lit.swarm_module import SwarmModule
+    from bidswarm.rollout.evaluation import evaluate
+    from bidswarm.run.phases import evaluate_over_processes
 
-    _, population, _, collector = build_run(folder)
+    env, population, loop, collector = build_run(folder)
     written: dict = {}
+    # -- evaluation: spread over both processes, then the same in process 0 alone
+    seeds = env.heldout_seeds()[:HELDOUT_WORLDS]
+    spread = evaluate_over_processes(loop, seeds, RUNS_PER_WORLD, 0, EVAL_BATCH)
+    written["spread_is_none"] = spread is None
+    if rank == 0:
+        alone = evaluate(loop, seeds, RUNS_PER_WORLD, 0, EVAL_BATCH)
+        for name, evaluation in (("spread", spread), ("alone", alone)):
+            written[name] = {
+                "metrics": evaluation.metrics,
+                "world_rewards": evaluation.world_rewards,
+                "world_pass_at_k": evaluation.world_pass_at_k,
+                "usage": evaluation.usage.as_dict(),
+                "episodes": [
+                    [
+                        e.seed,
+                        e.total_reward,
+                        [(s.actor, s.action and s.action.text) for s in e.steps],
+                    ]
+                    for e in evaluation.episodes
+                ],
+            }
+    torch.distributed.barrier()
     # -- RL: what this process spends in update 0 (its randomness is (seed, rank, update))
     first = collector.collect(0, rank).usage
     flops = torch.tensor([first.rollout_flops + first.train_flops], dtype=torch.float64)
@@ -159,3 +185,13 @@ def test_every_process_stops_when_the_runs_flops_reach_the_budget(processes):
         assert process["history"][0]["flops/total"] >= process["budget"]
         alone = [u["rollout_flops"] + u["train_flops"] for u in (p["update0"] for p in processes)]
         assert max(alone) < process["budget"]
+
+
+def test_an_evaluation_spread_over_processes_equals_it_in_one(processes):
+    zero, one = processes
+    assert not zero["spread_is_none"] and one["spread_is_none"]
+    spread, alone = zero["spread"], zero["alone"]
+    assert spread["metrics"] == alone["metrics"]
+    assert spread["metrics"]["episodes"] == HELDOUT_WORLDS * RUNS_PER_WORLD
+    for name in ("world_rewards", "world_pass_at_k", "usage", "episodes"):
+        assert spread[name] == alone[name], name

@@ -268,6 +268,11 @@ class EvalConfig:
     every: int | None = None
     """Also evaluate every this many RL updates (``eval_during/*``, logged at the update);
     None: only before and after RL."""
+    batch_size: int = 64
+    """Episodes played in lock-step at once, each batch with randomness of its own; the unit
+    that a multi-process run spreads over its processes (batch ``b`` on process
+    ``b mod processes``), whose results do not depend on the number of processes. Lower it to
+    spread a small evaluation over more processes (the numbers then change: the batches do)."""
 
 
 @dataclass

@@ -89,6 +89,7 @@ def validate(cfg: Any) -> None:
         )
     if cfg.eval.every is not None:
         problems.require(cfg.eval.every >= 1, "eval.every", cfg.eval.every, ">= 1 or null")
+    problems.at_least("eval.batch_size", cfg.eval.batch_size, 1)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
