@@ -115,6 +115,7 @@ INVALID = [
     (["trainer.num_nodes=0"], "trainer.num_nodes", "0", ">= 1"),
     (["trainer.strategy=fsdp"], "trainer.strategy", "'fsdp'", "ddp"),
     (["trainer.precision=8-bit"], "trainer.precision", "'8-bit'", "32-true"),
+    (["trainer.collective_timeout_s=0"], "trainer.collective_timeout_s", "0.0", "> 0"),
     (["trainer.strategy=deepspeed_stage_2"], "trainer.accelerator", "'cpu'", "DeepSpeed"),
     (["trainer=deepspeed_stage_2"], "rl.grad_clip", "1.0", "DeepSpeed's global gradient_clipping"),
     (
@@ -164,6 +165,7 @@ INVALID = [
     # eval
     (["eval.runs_per_seed=0"], "eval.runs_per_seed", "0", ">= 1"),
     (["eval.max_seeds=0"], "eval.max_seeds", "0", ">= 1"),
+    (["eval.batch_size=0"], "eval.batch_size", "0", ">= 1"),
 ]
 
 

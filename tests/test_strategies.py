@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -18,9 +20,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.constants import default_pg_timeout
 from torch.utils.data import DataLoader
 
-from bidswarm.config import ConfigError, validate
+from bidswarm.config import ConfigError, register_configs, validate
 from bidswarm.lit.memory import gpu_memory
 from bidswarm.lit.strategy import ExplainingLauncher, build_strategy
 from conftest import ROOT
@@ -109,6 +112,30 @@ def test_ddp_lets_agents_without_data_skip_the_gradient(tmp_path):
     strategy._configure_launcher()
     assert isinstance(strategy.launcher, ExplainingLauncher)
     assert build_strategy("auto", tmp_path) == "auto"
+
+
+@pytest.mark.parametrize("trainer", ["ddp", "deepspeed_stage_2", "deepspeed_stage_3", "multinode"])
+def test_the_collective_timeout_reaches_the_process_group(trainer, tmp_path):
+    """``trainer.collective_timeout_s`` is the timeout each multi-process strategy gives the
+    process group it makes (torch's 30 minutes unless set)."""
+    from bidswarm.run.phases import Run
+
+    register_configs()
+    clip = [] if trainer == "ddp" else ["rl.grad_clip=0"]  # DeepSpeed clips one global norm
+    if trainer != "ddp":
+        pytest.importorskip("deepspeed")
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        default = compose("train", overrides=[f"trainer={trainer}", *clip])
+        cfg = compose(
+            "train", overrides=[f"trainer={trainer}", *clip, "trainer.collective_timeout_s=90"]
+        )
+    validate(cfg)
+    strategies = [
+        Run.trainer_kwargs(SimpleNamespace(cfg=c, logger=None, run_dir=tmp_path))["strategy"]
+        for c in (cfg, default)
+    ]
+    assert strategies[0]._timeout == timedelta(seconds=90)
+    assert strategies[1]._timeout == default_pg_timeout == timedelta(minutes=30)
 
 
 def test_a_csv_logged_run_needs_no_mlflow(tmp_path):

@@ -124,10 +124,17 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
 
 
 def test_ddp_with_two_cpu_processes(tmp_path):
-    run_dir = run_cli(tmp_path, "debug=smoke", "trainer=ddp", "trainer.devices=2")
+    """Both held-out evaluations are spread over the two processes (4 batches of one episode)
+    and process 0 records all of them."""
+    run_dir = run_cli(
+        tmp_path, "debug=smoke", "trainer=ddp", "trainer.devices=2", "eval.batch_size=1"
+    )
     state = read_state(run_dir)
     assert state["rl_world_size"] == 2
     assert "eval_after" in state and (run_dir / "final").is_dir()
+    for key in ("eval_before", "eval_after"):
+        assert state[key]["episodes"] == state[key]["worlds"] == 4
+        assert len(state[f"{key}_worlds"]) == 4
 
 
 def _training_trace(run_dir: Path) -> dict:

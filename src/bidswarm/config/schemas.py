@@ -143,6 +143,11 @@ class TrainerConfig:
     """DeepSpeed's own gradient-norm clip (its config's ``gradient_clipping``): one norm over
     every agent's gradients together, under a DeepSpeed strategy only (0: none). ZeRO keeps the
     gradients in its own buffers, where the per-agent clip (``rl.grad_clip``) cannot reach them."""
+    collective_timeout_s: float = 1800.0
+    """Seconds a process of a multi-process run (``ddp``, DeepSpeed) waits in a collective for
+    the others before it fails: the process group's timeout (torch's default, 30 minutes).
+    Raise it when one process can run far behind another (long episodes on some workers);
+    lower it to stop sooner after a process hangs."""
 
 
 @dataclass
@@ -263,6 +268,11 @@ class EvalConfig:
     every: int | None = None
     """Also evaluate every this many RL updates (``eval_during/*``, logged at the update);
     None: only before and after RL."""
+    batch_size: int = 64
+    """Episodes played in lock-step at once, each batch with randomness of its own; the unit
+    that a multi-process run spreads over its processes (batch ``b`` on process
+    ``b mod processes``), whose results do not depend on the number of processes. Lower it to
+    spread a small evaluation over more processes (the numbers then change: the batches do)."""
 
 
 @dataclass

@@ -89,6 +89,7 @@ def validate(cfg: Any) -> None:
         )
     if cfg.eval.every is not None:
         problems.require(cfg.eval.every >= 1, "eval.every", cfg.eval.every, ">= 1 or null")
+    problems.at_least("eval.batch_size", cfg.eval.batch_size, 1)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 
@@ -191,6 +192,7 @@ def _trainer_problems(trainer: Any, problems: Problems) -> None:
     elif isinstance(devices, str):
         problems.require(devices == "auto", "trainer.devices", devices, "a number, a list, auto")
     problems.at_least("trainer.num_nodes", trainer.num_nodes, 1)
+    problems.positive("trainer.collective_timeout_s", trainer.collective_timeout_s)
     problems.one_of("trainer.strategy", trainer.strategy, STRATEGIES)
     if str(trainer.strategy).startswith("deepspeed"):
         problems.require(

@@ -13,6 +13,11 @@ Two names need arguments Lightning's defaults get wrong for bidswarm's learners:
   gradients in its own buffers, so the learners' per-agent clip (``rl.grad_clip``, which reads
   ``p.grad``) cannot run there, and the config check refuses it.
 
+Both take ``trainer.collective_timeout_s``, the process group's ``timeout``: how long a process
+waits in a collective (a gradient all-reduce, or any other) for the others before it fails. A
+process that waits for a slower one (longer episodes, a bigger share of an evaluation) must not
+fail; one whose partner hangs should not wait for long.
+
 When one process of a multi-process run dies, the others stop too and say so: a process whose
 collective fails names itself (``train.py``); and where Lightning started the processes itself,
 its watcher thread SIGKILLs the first process a few seconds after another one died, often before
@@ -24,12 +29,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, Strategy
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from torch.distributed.constants import default_pg_timeout
 
 DEEPSPEED_STAGES = {
     "deepspeed_stage_2": {"stage": 2},
@@ -122,15 +129,27 @@ class ExplainingDDPStrategy(DDPStrategy):
 
 
 def build_strategy(
-    name: str, run_dir: str | Path, gradient_clipping: float = 0.0
+    name: str,
+    run_dir: str | Path,
+    gradient_clipping: float = 0.0,
+    collective_timeout_s: float | None = None,
 ) -> str | Strategy:
     """The strategy for ``trainer.strategy=name`` of the run in ``run_dir``; other names go to
     Lightning unchanged. ``gradient_clipping``: DeepSpeed's global gradient-norm clip
-    (``trainer.gradient_clipping``, 0: none; DeepSpeed strategies only)."""
+    (``trainer.gradient_clipping``, 0: none; DeepSpeed strategies only).
+    ``collective_timeout_s``: the process group's timeout (``trainer.collective_timeout_s``;
+    None: torch's default, 30 minutes)."""
+    timeout = (
+        default_pg_timeout
+        if collective_timeout_s is None
+        else timedelta(seconds=collective_timeout_s)
+    )
     if name == "ddp":
-        return ExplainingDDPStrategy(run_dir, find_unused_parameters=True)
+        return ExplainingDDPStrategy(run_dir, find_unused_parameters=True, timeout=timeout)
     if name in DEEPSPEED_STAGES:
-        strategy = DeepSpeedStrategy(**DEEPSPEED_STAGES[name], logging_batch_size_per_gpu=1)
+        strategy = DeepSpeedStrategy(
+            **DEEPSPEED_STAGES[name], logging_batch_size_per_gpu=1, timeout=timeout
+        )
         # Lightning fills it from Trainer(gradient_clip_val), which manual optimization refuses.
         strategy.config["gradient_clipping"] = gradient_clipping
         return strategy

@@ -7,6 +7,11 @@ or a bid update's (preference pairs from counterfactual forks, Eq. 3). The learn
 each agent's batch in micro-batches of at most ``rl.micro_batch_tokens`` tokens, accumulating
 gradients, so the peak memory of an update is set by the budget and not by envs x decisions;
 then it clips each agent's gradient and steps the one optimizer.
+
+The learner keeps the run's ledger of tokens and FLOPs (:attr:`SwarmModule.usage`): each update
+adds what every process counted, summed over the processes (``lit/collectives.py``), so the
+logged ``tokens/*`` and ``flops/*`` and the ``rl.flop_budget`` check are the run's, the same on
+every process.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from bidswarm.algorithms.losses import (
 from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
+from bidswarm.lit.collectives import sum_over_processes
 from bidswarm.lit.memory import gpu_memory, release_cached_blocks
 from bidswarm.rollout.batches import ActionBatch, BidBatch
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.metrics import timed
+from bidswarm.rollout.usage import Usage
 
 
 class SwarmModule(L.LightningModule):
@@ -56,6 +63,9 @@ class SwarmModule(L.LightningModule):
         self.rl = rl
         self.temperature = temperature
         self.history: list[dict[str, float]] = []
+        self.usage = Usage()
+        """The run's training ledger: every update's counts of every process, summed
+        (checkpointed; what ``flops/*`` log and ``rl.flop_budget`` reads)."""
         self._updates_this_process = 0
         # LoRA checkpoints hold the adapters only (on_save_checkpoint); on_load_checkpoint
         # checks their keys itself, as strict loading would ask for the frozen base's too.
@@ -98,12 +108,15 @@ class SwarmModule(L.LightningModule):
         with gpu_memory(memory, "collect", self.device):
             collected = self.collector.collect(update, self.global_rank)
         release_cached_blocks(self.device)
+        self.usage = self.usage + sum_over_processes(
+            collected.usage, self.trainer.strategy, self.device
+        )
         timings: dict[str, float] = {}
         phase = f"update_{collected.kind}"
         schedule = self.set_learning_rate(update)
         with timed(timings, phase), gpu_memory(memory, phase, self.device):
             losses = self.learn(collected.batches)
-        metrics = collected.metrics | losses | memory | schedule
+        metrics = collected.metrics | self.usage.as_metrics() | losses | memory | schedule
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
         self.history.append(metrics)
         if self.logger is not None:  # the update is the step of every RL metric
@@ -117,11 +130,11 @@ class SwarmModule(L.LightningModule):
 
     @property
     def budget_spent(self) -> bool:
-        """Whether the run's training FLOPs reached ``rl.flop_budget`` (never without one)."""
+        """Whether the run's training FLOPs (all processes') reached ``rl.flop_budget`` (never
+        without one); the same answer on every process."""
         if self.rl.flop_budget is None:
             return False
-        usage = self.collector.usage
-        return usage.rollout_flops + usage.train_flops >= self.rl.flop_budget
+        return self.usage.rollout_flops + self.usage.train_flops >= self.rl.flop_budget
 
     @property
     def finished(self) -> bool:
@@ -146,7 +159,7 @@ class SwarmModule(L.LightningModule):
                 key: value for key, value in checkpoint["state_dict"].items() if key in kept
             }
         checkpoint["bidswarm"] = {
-            "usage": self.collector.usage.as_dict(),
+            "usage": self.usage.as_dict(),
             "history": self.history,
             "rng": {
                 "python": random.getstate(),
@@ -159,7 +172,7 @@ class SwarmModule(L.LightningModule):
         if self.population.is_lora:
             self._check_adapter_keys(checkpoint["state_dict"].keys())
         state = checkpoint["bidswarm"]
-        self.collector.usage.load(state["usage"])
+        self.usage.load(state["usage"])
         self.history = list(state["history"])
         rng = state.get("rng")  # absent from checkpoints written before it was kept
         if rng is not None:

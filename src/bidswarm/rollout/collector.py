@@ -13,14 +13,16 @@ then
 - bid update: counterfactual forks of contested steps (``rollout/forks.py``) -> preference
   pairs, one :class:`~bidswarm.rollout.batches.BidBatch` per agent with pairs (Eq. 3).
 
-It counts the tokens the learner will train on, and returns the batches with the update's
-metrics (reward, participation, the fork funnel, tokens and FLOPs, time per phase). The
-learner (``lit/swarm_module.py``) only turns batches into gradient steps.
+It counts the update's tokens, FLOPs and parse failures (those generated and scored, and those
+the learner will train on) in a ledger of the update's own, and returns the batches with that
+ledger and the update's metrics (reward, participation, the fork funnel, time per phase). The
+learner (``lit/swarm_module.py``) adds the ledger, summed over the processes, to the run's, and
+turns the batches into gradient steps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from bidswarm import metric_names as names
@@ -51,11 +53,13 @@ class UpdateKind(str, Enum):
 
 @dataclass
 class Collected:
-    """One update's data: the batches (one per agent with data) and the metrics so far."""
+    """One update's data: the batches (one per agent with data), the metrics so far, and what
+    this process spent on it (``usage``: the update's counts only, not the run's totals)."""
 
     kind: UpdateKind
     batches: list[ActionBatch] | list[BidBatch]
     metrics: dict[str, float]
+    usage: Usage = field(default_factory=Usage)
 
 
 class Collector:
@@ -82,11 +86,6 @@ class Collector:
         self.seed = seed
         self.last_forks: list[ForkExample] = []
         """The forks played by the latest bid update (for transcripts)."""
-
-    @property
-    def usage(self) -> Usage:
-        """The training ledger (tokens, FLOPs, parse failures); checkpointed by the learner."""
-        return self.loop.swarm.usage
 
     @property
     def makes_bid_updates(self) -> bool:
@@ -130,7 +129,15 @@ class Collector:
         return self.rl.envs_per_update
 
     def collect(self, update: int, rank: int = 0) -> Collected:
-        """Fresh episodes for ``update`` on process ``rank`` -> per-agent batches + metrics."""
+        """Fresh episodes for ``update`` on process ``rank`` -> per-agent batches + metrics,
+        and the update's usage on this process."""
+        with self.loop.swarm.separate_usage() as usage:
+            kind, batches, metrics = self._collect(update, rank)
+        return Collected(kind, batches, metrics, usage)
+
+    def _collect(
+        self, update: int, rank: int
+    ) -> tuple[UpdateKind, list[ActionBatch] | list[BidBatch], dict[str, float]]:
         kind = self.update_kind(update)
         swarm = self.loop.swarm
         device = next(swarm.population.parameters()).device
@@ -161,7 +168,7 @@ class Collector:
             metrics |= stats.as_metrics()
         for batch in batches:
             swarm.count_trained(batch.agent, batch.tokens)
-        metrics |= self.usage.as_metrics() | self.updates_made(update)
+        metrics |= self.updates_made(update)
         metrics |= {names.UPDATE: float(update), names.UPDATE_IS_BID: float(kind == UpdateKind.bid)}
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
-        return Collected(kind, batches, metrics)
+        return kind, batches, metrics

@@ -1,15 +1,29 @@
-"""Held-out evaluation: every held-out world x ``runs_per_seed`` runs; statistics over worlds."""
+"""Held-out evaluation: every held-out world x ``runs_per_seed`` runs; statistics over worlds.
+
+The episodes are cut into batches of ``batch_size`` played in lock-step
+(:func:`evaluation_batches`), and each batch draws its randomness from a key of its own
+(:func:`batch_randomness`): the batch, not the process that plays it, decides its episodes. So
+several processes can share an evaluation (:func:`play_batches`: batch ``b`` on process
+``b mod processes``) and, gathered in batch order (:func:`summarize_evaluation`), give exactly
+the numbers of one process playing every batch. The batch is the unit, not the world: the
+episodes of one lock-step batch share the sampling generator, and a batch's size and padding
+enter its float arithmetic. A rule that remembers across episodes (AgentNet's memory of
+successful steps) is the exception: each process's memory holds what that process played.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import torch
 
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.metrics import episode_metrics
-from bidswarm.rollout.records import Episode
+from bidswarm.rollout.records import Bid, Episode
 from bidswarm.rollout.usage import Usage
 from bidswarm.statistics import pass_at_k_over_worlds, per_world_means, summarize
 
@@ -49,21 +63,76 @@ class Evaluation:
         return paths
 
 
-def evaluate(
-    loop: RolloutLoop, seeds: list[int], runs_per_seed: int, seed: int, batch_size: int = 64
-) -> Evaluation:
-    """Play ``seeds`` x ``runs_per_seed`` episodes (sampling, fixed randomness) in lock-step.
+@dataclass
+class PlayedBatches:
+    """The batches one process played: batch index -> its episodes, and what they cost."""
 
-    The swarm counts into a ledger of its own while it plays (``Swarm.separate_usage``), so
-    held-out evaluation never shows up in the training ``tokens/*`` and ``flops/*``.
-    """
-    device = next(loop.swarm.population.parameters()).device
-    rng, generator = seeded_randomness(f"eval/{seed}", device)
+    episodes: dict[int, list[Episode]] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+
+    def without_token_ids(self) -> PlayedBatches:
+        """The same episodes with their replies' token ids left out (empty), to send to another
+        process: nothing computed from an evaluation reads them (its metrics, transcripts and
+        memory trees read rewards, decisions and texts), and the prompts' ids are most of an
+        episode's size."""
+        return PlayedBatches(
+            {b: [_without_token_ids(e) for e in batch] for b, batch in self.episodes.items()},
+            self.usage,
+        )
+
+
+def evaluation_batches(seeds: list[int], runs_per_seed: int, batch_size: int) -> list[list[int]]:
+    """The worlds of each batch: every seed ``runs_per_seed`` times (its runs consecutive), in
+    ``seeds``' order, cut into batches of ``batch_size`` (the last one shorter)."""
     worlds = [s for s in seeds for _ in range(runs_per_seed)]
-    episodes: list[Episode] = []
+    return [worlds[start : start + batch_size] for start in range(0, len(worlds), batch_size)]
+
+
+def batch_randomness(
+    seed: int, batch: int, device: torch.device | str
+) -> tuple[random.Random, torch.Generator]:
+    """The randomness of evaluation batch ``batch`` of the run of ``seed``: key ``eval/<seed>``
+    for batch 0, ``eval/<seed>/<batch>`` for the others. Batch 0 keeps the key that the whole
+    evaluation drew from before batches were keyed one by one, so an evaluation of one batch
+    gives the numbers it gave then; one of several batches does not (its later batches drew
+    from where the earlier ones left the shared generators, which no other process can know)."""
+    key = f"eval/{seed}" if batch == 0 else f"eval/{seed}/{batch}"
+    return seeded_randomness(key, device)
+
+
+def play_batches(
+    loop: RolloutLoop,
+    seeds: list[int],
+    runs_per_seed: int,
+    seed: int,
+    batch_size: int = 64,
+    rank: int = 0,
+    processes: int = 1,
+) -> PlayedBatches:
+    """Play the evaluation's batches ``rank, rank + processes, ...`` (sampling, each batch's own
+    randomness), counting into a ledger of its own (``Swarm.separate_usage``) so that held-out
+    evaluation never shows up in the training ``tokens/*`` and ``flops/*``."""
+    device = next(loop.swarm.population.parameters()).device
+    batches = evaluation_batches(seeds, runs_per_seed, batch_size)
+    played = PlayedBatches()
     with loop.swarm.separate_usage() as usage:
-        for start in range(0, len(worlds), batch_size):
-            episodes += loop.run(worlds[start : start + batch_size], rng, generator)
+        for index in range(rank, len(batches), processes):
+            rng, generator = batch_randomness(seed, index, device)
+            played.episodes[index] = loop.run(batches[index], rng, generator)
+    played.usage = usage
+    return played
+
+
+def summarize_evaluation(
+    parts: list[PlayedBatches], loop: RolloutLoop, runs_per_seed: int
+) -> Evaluation:
+    """The evaluation of every batch that ``parts`` (one per process) played, its episodes in
+    batch order as one process plays them: statistics over worlds, pass@k, and the usage summed."""
+    by_batch = {index: batch for part in parts for index, batch in part.episodes.items()}
+    episodes = [e for index in sorted(by_batch) for e in by_batch[index]]
+    usage = Usage()
+    for part in parts:
+        usage = usage + part.usage
     world_rewards = per_world_means([e.total_reward for e in episodes], [e.seed for e in episodes])
     reward = summarize(list(world_rewards.values()))
     metrics = episode_metrics(episodes, loop.swarm.roles, loop.winning_bid_levels) | {
@@ -75,6 +144,32 @@ def evaluate(
     }
     pass_metrics, world_pass_at_k = pass_at_k_metrics(episodes, runs_per_seed)
     return Evaluation(metrics | pass_metrics, episodes, world_rewards, world_pass_at_k, usage)
+
+
+def evaluate(
+    loop: RolloutLoop, seeds: list[int], runs_per_seed: int, seed: int, batch_size: int = 64
+) -> Evaluation:
+    """Play ``seeds`` x ``runs_per_seed`` episodes in this process, ``batch_size`` in lock-step
+    at a time (:func:`play_batches`), and summarize them."""
+    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size)
+    return summarize_evaluation([played], loop, runs_per_seed)
+
+
+def _without_token_ids(episode: Episode) -> Episode:
+    steps = [
+        replace(
+            step,
+            bids={
+                agent: Bid(bid.level, replace(bid.reply, prompt_ids=[], reply_ids=[]), bid.parsed)
+                for agent, bid in step.bids.items()
+            },
+            action=None
+            if step.action is None
+            else replace(step.action, prompt_ids=[], reply_ids=[]),
+        )
+        for step in episode.steps
+    ]
+    return Episode(episode.seed, steps, episode.metrics)
 
 
 def pass_at_k_metrics(

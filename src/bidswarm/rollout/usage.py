@@ -7,6 +7,9 @@ forks included. The
 collector writes the ledger: the swarm counts what it generates and scores, the loop the
 actions, the collector the trained tokens of the batches it hands to the learner. Held-out
 evaluation counts into a ledger of its own (``Swarm.separate_usage``).
+
+Under DDP every process counts what it did itself; the run's ledger is the sum over the
+processes (the learner's, ``SwarmModule.usage``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class Usage:
     def count_action(self, valid: bool) -> None:
         self.actions_made += 1
         self.invalid_actions += not valid
+
+    def __add__(self, other: Usage) -> Usage:
+        """Both ledgers' counts together (an update's added to the run's; processes' summed)."""
+        return Usage(
+            **{c.name: getattr(self, c.name) + getattr(other, c.name) for c in fields(self)}
+        )
 
     def as_metrics(self) -> dict[str, float]:
         """The logged names: ``tokens/*``, ``flops/*``, ``parse_failures/bid`` (totals so far).

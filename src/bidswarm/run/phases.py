@@ -28,12 +28,13 @@ from bidswarm.lit.callbacks import (
     UpdateProgress,
     resume_checkpoint,
 )
+from bidswarm.lit.collectives import gather_on_process_zero, process_group
 from bidswarm.lit.sft import run_sft
 from bidswarm.lit.strategy import build_strategy
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.plots import plot_participation, plot_reward_vs_flops
 from bidswarm.rollout.collector import Collector
-from bidswarm.rollout.evaluation import evaluate
+from bidswarm.rollout.evaluation import Evaluation, play_batches, summarize_evaluation
 from bidswarm.rollout.forks import ForkExample
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.memory_credit import draw_example_tree
@@ -126,11 +127,19 @@ class Run:
         """Held-out mean, SE and 95% CI over worlds, logged under ``key/`` and kept in the
         run's state; the per-world mean rewards (to pair arms on the same worlds) go to the
         state's ``key_worlds`` and the artifact ``heldout/<key>_worlds.json``, the per-world
-        pass@k of task success to ``heldout/<key>_pass_at_<k>_worlds.json``."""
-        if rank_zero_only.rank != 0:
-            return {}
+        pass@k of task success to ``heldout/<key>_pass_at_<k>_worlds.json``. Returns the
+        metrics on process 0, nothing on the others.
+
+        Every process of the run's process group plays its share of the evaluation's batches
+        (``eval.batch_size`` episodes each) and process 0 gathers them
+        (:func:`evaluate_over_processes`): the numbers of one process playing them all, while
+        the other processes no longer wait idle for process 0 in their next collective."""
         seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
-        evaluation = evaluate(self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed)
+        evaluation = evaluate_over_processes(
+            self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed, self.cfg.eval.batch_size
+        )
+        if evaluation is None:
+            return {}
         metrics = evaluation.metrics | {
             "tokens": float(evaluation.usage.rollout_tokens),
             "flops": evaluation.usage.rollout_flops,
@@ -294,7 +303,9 @@ class Run:
             accelerator=t.accelerator,
             devices=t.devices,
             num_nodes=t.num_nodes,
-            strategy=build_strategy(t.strategy, self.run_dir, t.gradient_clipping),
+            strategy=build_strategy(
+                t.strategy, self.run_dir, t.gradient_clipping, t.collective_timeout_s
+            ),
             precision=t.precision,
             deterministic=t.deterministic,
             logger=self.logger,
@@ -317,6 +328,24 @@ class Run:
     def print_summary(self) -> None:
         """Where the run is and what it reached (:func:`recording.summary`)."""
         console.say(recording.summary(self.cfg, self.run_dir, self.state, self.logger))
+
+
+def evaluate_over_processes(
+    loop: RolloutLoop, seeds: list[int], runs_per_seed: int, seed: int, batch_size: int
+) -> Evaluation | None:
+    """The held-out evaluation of ``seeds`` x ``runs_per_seed`` (``rollout/evaluation.py``), its
+    batches of ``batch_size`` spread over the run's processes (``lit/collectives.py``): the
+    whole evaluation on process 0, equal to one process playing every batch; None on the
+    others. Before Lightning has made the process group (a run without SFT evaluates before
+    RL's ``fit`` starts the other processes), process 0 plays every batch."""
+    rank, processes = process_group()
+    if rank != 0 and processes == 1:
+        return None
+    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, rank, processes)
+    if processes > 1:
+        played = played.without_token_ids()
+    parts = gather_on_process_zero(played)
+    return None if parts is None else summarize_evaluation(parts, loop, runs_per_seed)
 
 
 class PeriodicEvaluation(L.Callback):
