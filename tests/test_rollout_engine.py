@@ -14,6 +14,7 @@ from bidswarm.config import ConfigError, register_configs, validate
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.rollout.swarm import Swarm
 from bidswarm.rollout.usage import Usage
+from bidswarm.run.build import build_rollout_loop
 from conftest import CONF
 from test_agents import ROLES, corpus, tiny_config
 
@@ -107,3 +108,24 @@ def test_agents_with_their_own_weights_bid_one_batch_each_as_before():
     ]
     # Sampled alike: the same draws from the generator, in the same order.
     assert swarm.bid_many(AGENTS, ENVS, torch.Generator().manual_seed(0)) == one_by_one
+
+
+def test_a_rollout_dtype_needs_fully_fine_tuned_agents_outside_deepspeed():
+    validate(compose_train(["model.rollout_dtype=bfloat16"]))
+    lora = compose_train(["model.rollout_dtype=bfloat16", "model.adapter=lora"])
+    with pytest.raises(ConfigError, match=r"model\.rollout_dtype=.*null with model\.adapter=lora"):
+        validate(lora)
+    deepspeed = compose_train(["model.rollout_dtype=bfloat16", "trainer=deepspeed_stage_2"])
+    with pytest.raises(ConfigError, match=r"model\.rollout_dtype=.*DeepSpeed writes the weights"):
+        validate(deepspeed)
+
+
+def test_the_run_config_sets_how_every_agent_decodes():
+    cfg = compose_train(["model.rollout_dtype=bfloat16"])
+    torch.manual_seed(0)
+    population = Population.build(tiny_config(), ROLES, 1, corpus())
+    loop = build_rollout_loop(cfg, population)
+    assert loop.swarm.population is population
+    assert all(agent.rollout_dtype == torch.bfloat16 for agent in population)
+    default = build_rollout_loop(compose_train([]), population)
+    assert all(agent.rollout_dtype is None for agent in default.swarm.population)
