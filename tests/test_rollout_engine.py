@@ -121,11 +121,16 @@ def test_a_rollout_dtype_needs_fully_fine_tuned_agents_outside_deepspeed():
 
 
 def test_the_run_config_sets_how_every_agent_decodes():
-    cfg = compose_train(["model.rollout_dtype=bfloat16"])
+    overrides = ["model.rollout_dtype=bfloat16", "model.kv_cache=static"]
+    cfg = compose_train([*overrides, "model.compile_decode=true"])
     torch.manual_seed(0)
     population = Population.build(tiny_config(), ROLES, 1, corpus())
     loop = build_rollout_loop(cfg, population)
     assert loop.swarm.population is population
-    assert all(agent.rollout_dtype == torch.bfloat16 for agent in population)
+    for agent in population:
+        assert agent.rollout_dtype == torch.bfloat16
+        assert agent.kv_cache == "static" and agent.compile_decode
     default = build_rollout_loop(compose_train([]), population)
-    assert all(agent.rollout_dtype is None for agent in default.swarm.population)
+    for agent in default.swarm.population:
+        assert agent.rollout_dtype is None
+        assert agent.kv_cache == "auto" and not agent.compile_decode

@@ -87,6 +87,8 @@ def build_rollout_loop(
         cfg.model.temperature,
         bid_population=bid_population,
         token_budget=cfg.model.micro_batch_tokens,
+        kv_cache=cfg.model.kv_cache,
+        compile_decode=cfg.model.compile_decode,
         rollout_dtype=rollout_dtype(cfg.model),
     )
     coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
