@@ -9,8 +9,23 @@ the naive path asks one prompt at a time. LoRA agents' bids (the tiny model with
 ``model.adapter=lora``) are measured one generation batch per agent against one batch across
 all adapters (``generate_across_adapters``).
 
-    .venv/bin/python scripts/bench_rollout.py                       # default, ~3 min on 2 cores
+SmolLM2's rollout engines (:data:`ENGINES`) are measured side by side on the same decisions:
+each round snapshots the envs, and every engine plays the same decision step from the same
+states with the same random stream, on its own copy of the agents (so each keeps its own
+prompt heads across rounds): ``plain`` (every call computes its prompts' shared prefix anew:
+the path before prompt heads were kept, except that the prefix's forward no longer computes
+its last position's logits through a copy of the output head, so the ratios to it are
+conservative), ``kept_heads`` (``AgentPolicy.kept_prompt_heads``:
+the shared prefix's keys and values kept across calls, the default), ``bf16`` (kept heads and
+``model.rollout_dtype=bfloat16``: generation on a bfloat16 copy of the float32 weights, which
+also samples by inverse CDF, another random stream). Each reports decisions/s, its ratio to
+``plain``, the share of replies identical to ``plain``'s, the reply tokens it generated per
+decision (the work it did), and for ``bf16`` the gap of its log-probs of ``plain``'s replies
+to float32.
+
+    .venv/bin/python scripts/bench_rollout.py                       # default, ~5 min on 2 cores
     .venv/bin/python scripts/bench_rollout.py --tiny-envs 64 --smollm-envs 32 --smollm-rounds 3
+    .venv/bin/python scripts/bench_rollout.py --engines-only --threads 1    # SmolLM2 engines
     .venv/bin/python scripts/bench_rollout.py --device cuda --skip-smollm   # + the engine figures
 
 On an accelerator (``--device cuda``) it also measures the rollout engine on a real-shaped model
@@ -27,6 +42,7 @@ with every figure so far: the last line of stdout is the result, whole or as far
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -61,6 +77,14 @@ DECODE_PATHS = {  # name: (model.kv_cache, model.compile_decode)
     "static_compiled": ("static", True),
 }
 """The decode paths measured side by side; the compiled one on CUDA only (CUDA graphs)."""
+
+
+ENGINES = {  # name: (model.rollout_dtype, AgentPolicy.kept_prompt_heads)
+    "plain": (None, 0),
+    "kept_heads": (None, 4),
+    "bf16": (torch.bfloat16, 4),
+}
+"""SmolLM2's rollout engines measured side by side (:func:`compare_engines`)."""
 
 
 def decode_paths(device: str) -> list[str]:
@@ -119,6 +143,8 @@ class Bench:
         self.max_action_tokens = max_action_tokens
         self.generator = torch.Generator(population[0].device).manual_seed(0)
         self.next_seed = 0
+        self.replies: dict[tuple[str, int, int], list[int]] | None = None
+        """When a dict: every reply of the next steps by (kind, agent, env position)."""
 
     def fresh_envs(self, n_envs: int) -> list[CraftingEnv]:
         envs = []
@@ -134,30 +160,39 @@ class Bench:
             env.reset(self.next_seed)
             self.next_seed += 1
 
-    def _bids(self, agent: AgentPolicy, envs: list[CraftingEnv]) -> list[float]:
+    def _record(self, kind: str, agent: int, positions: list[int], replies: list) -> None:
+        if self.replies is not None:
+            for position, reply in zip(positions, replies, strict=True):
+                self.replies[kind, agent, position] = reply.reply_ids
+
+    def _bids(self, agent: AgentPolicy, envs: list[CraftingEnv], index: int = 0) -> list[float]:
         prompts = [self.template.bid(agent.role, env.observation(agent.role)) for env in envs]
         replies = agent.generate(
             prompts, self.cfg.max_bid_tokens, self.cfg.temperature, self.generator
         )
+        self._record("bid", index, list(range(len(envs))), replies)
         return [parse_bid(reply.text, LEVELS)[0] for reply in replies]
 
-    def _act(self, agent: AgentPolicy, envs: list[CraftingEnv]) -> None:
+    def _act(
+        self, agent: AgentPolicy, envs: list[CraftingEnv], index: int = 0, positions=None
+    ) -> None:
         prompts = [self.template.action(agent.role, env.observation(agent.role)) for env in envs]
         replies = agent.generate(
             prompts, self.max_action_tokens, self.cfg.temperature, self.generator
         )
+        self._record("act", index, positions or list(range(len(envs))), replies)
         for env, reply in zip(envs, replies, strict=True):
             env.step(agent.role, reply.text)
             self._renew(env)
 
     def batched_step(self, envs: list[CraftingEnv]) -> int:
         """One decision in every env; each agent generates once for all envs."""
-        bids = [self._bids(agent, envs) for agent in self.population]
+        bids = [self._bids(agent, envs, index) for index, agent in enumerate(self.population)]
         winners = [max(range(len(bids)), key=lambda a: (bids[a][e], -a)) for e in range(len(envs))]
         for index, agent in enumerate(self.population):
-            mine = [env for env, winner in zip(envs, winners, strict=True) if winner == index]
+            mine = [e for e, winner in enumerate(winners) if winner == index]
             if mine:
-                self._act(agent, mine)
+                self._act(agent, [envs[e] for e in mine], index, mine)
         return len(envs)
 
     def naive_step(self, envs: list[CraftingEnv]) -> int:
@@ -194,6 +229,96 @@ def compare_paths(
             synchronize(torch.device(device))
             seconds[path] += time.perf_counter() - start
     return {path: decisions[path] / seconds[path] for path in envs}
+
+
+def use_engine(population: Population, engine: str) -> None:
+    for agent in population:
+        agent.rollout_dtype, agent.kept_prompt_heads = ENGINES[engine]
+
+
+def compare_engines(bench: Bench, n_envs: int, rounds: int) -> dict[str, float]:
+    """Decisions per second of each rollout engine (:data:`ENGINES`) on the same decisions.
+
+    Each engine plays on its own copy of the agents (its kept prompt heads and bfloat16
+    weights persist across rounds, as in a rollout). Each round snapshots the envs; every
+    engine restores them, reseeds the generator with the round's seed and plays one decision
+    step in all of them (``plain`` last: its step is the one the envs keep). With equal logits
+    the engines sample equal replies: ``same_replies`` is the share of replies, keyed by kind,
+    agent and env, equal to ``plain``'s. ``bf16/logprob_gap_*``: |summed log-prob| of each of
+    ``plain``'s bid replies under the bfloat16 copy minus under the float32 weights."""
+    order = [engine for engine in ENGINES if engine != "plain"] + ["plain"]
+    populations = {engine: copy.deepcopy(bench.population) for engine in order[:-1]}
+    populations["plain"] = bench.population
+    for engine, population in populations.items():
+        use_engine(population, engine)
+        bench.population = population
+        bench.batched_step(bench.fresh_envs(2))  # warm-up: allocator, the bfloat16 copy
+    envs = bench.fresh_envs(n_envs)
+    seconds = dict.fromkeys(order, 0.0)
+    same = dict.fromkeys(order, 0.0)
+    generated = dict.fromkeys(order, 0)
+    gaps: list[torch.Tensor] = []
+    for round_index in range(rounds):
+        states, next_seed = [env.snapshot() for env in envs], bench.next_seed
+        bid_prompts = [
+            [bench.template.bid(agent.role, env.observation(agent.role)) for env in envs]
+            for agent in bench.population
+        ]
+        replies = {}
+        for engine in order:
+            for env, state in zip(envs, states, strict=True):
+                env.restore(state)
+            bench.next_seed = next_seed
+            bench.population = populations[engine]
+            bench.generator.manual_seed(1000 + round_index)
+            bench.replies = replies[engine] = {}
+            start = time.perf_counter()
+            bench.batched_step(envs)
+            seconds[engine] += time.perf_counter() - start
+        bench.replies = None
+        for engine in order:
+            plain = replies["plain"]
+            equal = sum(replies[engine].get(key) == reply for key, reply in plain.items())
+            same[engine] += equal / len(plain) / rounds
+            generated[engine] += sum(len(reply) for reply in replies[engine].values())
+        gaps.append(logprob_gap(populations["bf16"], bid_prompts, replies["plain"]))
+    gap = torch.cat(gaps)
+    result = {
+        "smollm2_135m/engines/envs": float(n_envs),
+        "smollm2_135m/engines/rounds": float(rounds),
+    }
+    for engine in order:
+        rate = n_envs * rounds / seconds[engine]
+        result[f"smollm2_135m/engines/{engine}_decisions_per_s"] = rate
+        result[f"smollm2_135m/engines/{engine}_over_plain"] = seconds["plain"] / seconds[engine]
+        result[f"smollm2_135m/engines/{engine}_same_replies"] = same[engine]
+        result[f"smollm2_135m/engines/{engine}_reply_tokens_per_decision"] = generated[engine] / (
+            n_envs * rounds
+        )
+    result["smollm2_135m/engines/bf16/logprob_gap_mean"] = float(gap.mean())
+    result["smollm2_135m/engines/bf16/logprob_gap_max"] = float(gap.max())
+    for key, value in result.items():
+        progress(f"{key}: {value:.4g}")
+    bench.population = populations["plain"]
+    return result
+
+
+def logprob_gap(
+    population: Population,
+    bid_prompts: list[list[str]],
+    replies: dict[tuple[str, int, int], list[int]],
+) -> torch.Tensor:
+    """|summed log-prob| of each bid reply of ``replies`` (to ``bid_prompts[agent][env]``) under
+    its agent's rollout model (:meth:`AgentPolicy.sequence_logprobs`) minus under its weights."""
+    gaps = []
+    for index, agent in enumerate(population):
+        prompt_ids = agent.encode_prompts(bid_prompts[index])
+        reply_ids = [replies["bid", index, position] for position in range(len(prompt_ids))]
+        rollout, _ = agent.sequence_logprobs(prompt_ids, reply_ids)
+        with torch.no_grad():
+            logprobs, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
+        gaps.append((rollout - (logprobs * mask).sum(dim=1)).abs())
+    return torch.cat(gaps)
 
 
 def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[str, float]:
@@ -245,9 +370,8 @@ def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[
     return result
 
 
-def bench_model(
-    name: str, n_envs: int, rounds: int, naive_envs: int, device: str = "cpu"
-) -> dict[str, float]:
+def build_bench(name: str, device: str = "cpu") -> Bench:
+    """The agents of model config ``name`` (one per crafting role) and their prompts."""
     cfg = model_config(name)
     env = CraftingEnv(CraftingConfig())
     torch.manual_seed(0)
@@ -263,7 +387,13 @@ def bench_model(
     progress(f"{name}: built {len(population)} agents in {time.perf_counter() - started:.1f}s")
     demos = expert_demonstrations(env, action_limit_worlds(env), LEVELS)
     budget = action_token_limit(cfg.max_action_tokens, demos, template, population[0].tokenizer)
-    bench = Bench(population, template, cfg, budget)
+    return Bench(population, template, cfg, budget)
+
+
+def bench_model(
+    name: str, bench: Bench, n_envs: int, rounds: int, naive_envs: int, device: str = "cpu"
+) -> dict[str, float]:
+    cfg, population, template = bench.cfg, bench.population, bench.template
     rates = compare_paths(bench, n_envs, naive_envs, rounds, device)
     batched, naive = rates["dynamic"], rates["naive"]
     for path, rate in rates.items():
@@ -463,6 +593,12 @@ def main() -> None:
     parser.add_argument("--smollm-naive-envs", type=int, default=2)
     parser.add_argument("--skip-smollm", action="store_true")
     parser.add_argument(
+        "--engine-rounds", type=int, default=3, help="decision steps of SmolLM2's engines"
+    )
+    parser.add_argument(
+        "--engines-only", action="store_true", help="only SmolLM2's rollout engines"
+    )
+    parser.add_argument(
         "--tiny-threads",
         type=int,
         default=1,
@@ -501,25 +637,32 @@ def main() -> None:
 
     def tiny() -> dict[str, float]:
         torch.set_num_threads(args.tiny_threads)
+        bench = build_bench("tiny", args.device)
         return {"tiny/threads": float(args.tiny_threads)} | bench_model(
-            "tiny", args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device
+            "tiny", bench, args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device
         )
 
-    sections += [
-        tiny,
-        lambda: compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device),
-    ]
+    if not args.engines_only:
+        sections += [
+            tiny,
+            lambda: compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device),
+        ]
     if not args.skip_smollm:
 
         def smollm() -> dict[str, float]:
             torch.set_num_threads(args.threads or default_threads)
-            return {"smollm2_135m/threads": float(torch.get_num_threads())} | bench_model(
-                "smollm2_135m",
-                args.smollm_envs,
-                args.smollm_rounds,
-                args.smollm_naive_envs,
-                args.device,
-            )
+            bench = build_bench("smollm2_135m", args.device)
+            figures = {"smollm2_135m/threads": float(torch.get_num_threads())}
+            if not args.engines_only:
+                figures |= bench_model(
+                    "smollm2_135m",
+                    bench,
+                    args.smollm_envs,
+                    args.smollm_rounds,
+                    args.smollm_naive_envs,
+                    args.device,
+                )
+            return figures | compare_engines(bench, args.smollm_envs, args.engine_rounds)
 
         sections.append(smollm)
     if shape:

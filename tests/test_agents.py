@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from bidswarm.agents.models import load_model_and_tokenizer
-from bidswarm.agents.policy import AgentPolicy, micro_batches
+from bidswarm.agents.policy import (
+    AgentPolicy,
+    common_prefix_length,
+    micro_batches,
+    sample_tokens,
+    shared_prefix_length,
+)
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
@@ -262,7 +268,8 @@ def test_static_kv_cache_generates_what_the_dynamic_one_does(agent, template, sh
     else:
         prompts = prompts_of_different_lengths(template)
     assert not agent.uses_static_cache()  # kv_cache=auto: dynamic on CPU
-    free = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
+    with forward_input_shapes(agent) as first:
+        free = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
     agent.stop_ids = [free[0].reply_ids[2], free[1].reply_ids[5]]  # rows stop at other steps
 
     def decode(kv_cache: str):
@@ -278,7 +285,9 @@ def test_static_kv_cache_generates_what_the_dynamic_one_does(agent, template, sh
     greedy = static[0]
     assert len({len(g.reply_ids) for g in greedy}) > 1  # rows stopped at different steps
     assert len({tuple(g.reply_ids) for g in greedy}) == len(greedy)
-    assert (static[2][0] == 1) == shared_prefix  # the prefix ran once, for one row
+    # The prefix ran once, for one row; both caches took it from the kept prompt head.
+    assert (first[0][0] == 1) == shared_prefix
+    assert dynamic[2][0] == static[2][0] == len(prompts)
 
 
 def test_compiling_the_decode_step_changes_nothing_on_cpu(agent, template):
@@ -405,6 +414,98 @@ def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, templ
         [g.prompt_ids for g in sampled], [g.reply_ids for g in sampled]
     )
     assert torch.isfinite(logprobs).all() and mask.sum() == sum(len(g.reply_ids) for g in sampled)
+
+
+def head_lengths(agent: AgentPolicy, prompts: list[str]) -> tuple[list, list[int]]:
+    """Greedy replies to ``prompts`` and the lengths of the one-row forwards (prompt heads)."""
+    with forward_input_shapes(agent) as calls:
+        replies = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
+    return replies, [shape[1] for shape in calls if shape[0] == 1]
+
+
+def test_kept_prompt_heads_compute_only_what_they_lack_with_the_same_replies(agent):
+    """A batch whose shared prefix starts like a kept head forwards only the rest of it; one
+    whose prefix a kept head holds forwards none. Greedy replies equal those computed from
+    scratch (a token's keys and values depend on the tokens before it only)."""
+    agent = varied_agent(agent)
+    agent.min_shared_prefix = 8
+    header = "<s>logger bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * 4)
+    first = [f"{header} {obs} ->" for obs in OBSERVATIONS]
+    longer = [f"{header} near: forest. {obs} ->" for obs in OBSERVATIONS]
+    batches = [first, longer, first, longer]
+    prefixes = [shared_prefix_length(agent.encode_prompts(batch)) for batch in batches[:2]]
+    heads = [agent.encode_prompts(b)[0][:n] for b, n in zip(batches[:2], prefixes, strict=True)]
+    common = common_prefix_length(*heads)
+    assert 8 <= common < min(prefixes)
+    agent.kept_prompt_heads = 0
+    plain = [head_lengths(agent, batch) for batch in batches]
+    assert [lengths for _, lengths in plain] == [[n] for n in prefixes * 2]
+    agent.kept_prompt_heads = 4
+    kept = [head_lengths(agent, batch) for batch in batches]
+    assert [replies for replies, _ in kept] == [replies for replies, _ in plain]
+    assert [lengths for _, lengths in kept] == [[prefixes[0]], [prefixes[1] - common], [], []]
+
+
+def test_kept_prompt_heads_are_dropped_when_the_weights_change(agent):
+    agent = varied_agent(agent)
+    agent.min_shared_prefix = 8
+    prompts = shared_header_prompts()
+    head = head_lengths(agent, prompts)[1]
+    assert head_lengths(agent, prompts)[1] == []  # kept
+    optimizer = torch.optim.SGD(agent.parameters(), lr=0.1)
+    logprobs, mask = agent.reply_token_logprobs(
+        agent.encode_prompts(prompts), [agent.encode_reply(" chop a tree")] * len(prompts)
+    )
+    (logprobs * mask).sum().backward()
+    optimizer.step()
+    changed, lengths = head_lengths(agent, prompts)
+    assert lengths == head  # computed anew, with the new weights
+    agent.kept_prompt_heads = 0
+    assert head_lengths(agent, prompts)[0] == changed
+
+
+def test_a_rollout_dtype_generates_on_a_copy_refreshed_after_each_update(agent, template):
+    agent = varied_agent(agent)
+    parameters = len(list(agent.parameters()))
+    keys = set(agent.state_dict())
+    assert agent.rollout_model() is agent.model  # rollout_dtype None: the weights themselves
+    agent.rollout_dtype = torch.bfloat16
+    copy = agent.rollout_model()
+    assert copy is not agent.model and copy.dtype == torch.bfloat16
+    assert agent.model.dtype == torch.float32
+    # The copy is no part of the agent: not trained, not saved.
+    assert len(list(agent.parameters())) == parameters and set(agent.state_dict()) == keys
+    inv_freq = [b for name, b in copy.named_buffers() if name.endswith("inv_freq")]
+    assert inv_freq and all(b.dtype == torch.float32 for b in inv_freq)  # buffers as they were
+    prompts = prompts_of_different_lengths(template)
+    replies = agent.generate(prompts, 4, 1.0, torch.Generator().manual_seed(0))
+    prompt_ids, reply_ids = [g.prompt_ids for g in replies], [g.reply_ids for g in replies]
+    logprobs, _ = agent.reply_token_logprobs(prompt_ids, reply_ids)
+    assert logprobs.dtype == torch.float32 and logprobs.requires_grad  # training: float32
+    with torch.no_grad():
+        for parameter in agent.model.parameters():
+            parameter.add_(0.5)  # an update in place
+    assert agent.rollout_model() is copy  # refreshed in place
+    for target, source in zip(copy.parameters(), agent.model.parameters(), strict=True):
+        assert torch.equal(target, source.to(torch.bfloat16))
+    sums, _ = agent.sequence_logprobs(prompt_ids, reply_ids)  # scored on the copy
+    with torch.no_grad():
+        full, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
+    torch.testing.assert_close(sums, (full * mask).sum(dim=1), atol=0.1, rtol=0.05)
+    agent.rollout_dtype = None
+    assert agent.rollout_model() is agent.model
+
+
+def test_inverse_cdf_sampling_draws_from_the_softmax():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -float("inf"), 0.5]] * 4000)
+    generator = torch.Generator().manual_seed(0)
+    tokens = sample_tokens(logits, 1.0, generator, inverse_cdf=True)
+    counts = torch.bincount(tokens, minlength=5) / len(tokens)
+    expected = torch.softmax(logits[0], dim=-1)
+    assert counts[3] == 0  # probability 0: never drawn
+    torch.testing.assert_close(counts, expected, atol=0.02, rtol=0)
+    again = sample_tokens(logits, 1.0, torch.Generator().manual_seed(0), inverse_cdf=True)
+    assert torch.equal(tokens, again)
 
 
 @pytest.mark.parametrize("task", ["crafting", "navigation", "research"])

@@ -297,6 +297,35 @@ def test_winning_bids_per_role_are_shares_of_its_acting_steps_by_level():
     assert not any(key.startswith("bids/") for key in episode_metrics(episodes, roles, None))
 
 
+def test_the_bid_parse_rate_is_the_share_of_the_bids_read_that_parsed():
+    from bidswarm.coordination.base import Decision
+    from bidswarm.rollout.metrics import episode_metrics
+    from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
+
+    def bids(*parsed: bool) -> dict[int, Bid]:
+        return {i: Bid(0.4 if ok else 0.0, Reply(i, [], [], ""), ok) for i, ok in enumerate(parsed)}
+
+    episodes = [
+        Episode(0, [StepRecord(0, Decision(0, 0.4), bids(True, False, True))]),
+        Episode(1, [StepRecord(0, Decision(None), bids(False, False, True))]),
+    ]
+    metrics = episode_metrics(episodes, ["logger", "miner", "smith"], [0.0, 0.4])
+    assert metrics["bids/parse_rate"] == pytest.approx(3 / 6)
+
+
+@pytest.mark.parametrize("rule", [Auction(), AgentNet(), RoundRobin(), GraphOfAgents()])
+def test_every_evaluation_logs_the_bid_parse_rate_of_rules_that_ask_for_bids(rule):
+    from bidswarm.rollout.evaluation import evaluate
+
+    loop = RolloutLoop(lambda: make_env(task()), build_swarm(seed=1), rule)
+    evaluation = evaluate(loop, [0, 1], runs_per_seed=1, seed=0)
+    read = [b.parsed for e in evaluation.episodes for s in e.steps for b in s.bids.values()]
+    if rule.asks_bids:
+        assert evaluation.metrics["bids/parse_rate"] == pytest.approx(sum(read) / len(read))
+    else:
+        assert not read and "bids/parse_rate" not in evaluation.metrics
+
+
 @pytest.mark.parametrize(
     ("rule", "records"),
     [(Auction(), True), (RoundRobin(), False), (GraphOfAgents(), False), (AgentNet(), False)],

@@ -14,6 +14,7 @@ from bidswarm.config import ConfigError, register_configs, validate
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.rollout.swarm import Swarm
 from bidswarm.rollout.usage import Usage
+from bidswarm.run.build import build_rollout_loop
 from conftest import CONF
 from test_agents import ROLES, corpus, tiny_config
 
@@ -107,3 +108,29 @@ def test_agents_with_their_own_weights_bid_one_batch_each_as_before():
     ]
     # Sampled alike: the same draws from the generator, in the same order.
     assert swarm.bid_many(AGENTS, ENVS, torch.Generator().manual_seed(0)) == one_by_one
+
+
+def test_a_rollout_dtype_needs_fully_fine_tuned_agents_outside_deepspeed():
+    validate(compose_train(["model.rollout_dtype=bfloat16"]))
+    lora = compose_train(["model.rollout_dtype=bfloat16", "model.adapter=lora"])
+    with pytest.raises(ConfigError, match=r"model\.rollout_dtype=.*null with model\.adapter=lora"):
+        validate(lora)
+    deepspeed = compose_train(["model.rollout_dtype=bfloat16", "trainer=deepspeed_stage_2"])
+    with pytest.raises(ConfigError, match=r"model\.rollout_dtype=.*DeepSpeed writes the weights"):
+        validate(deepspeed)
+
+
+def test_the_run_config_sets_how_every_agent_decodes():
+    overrides = ["model.rollout_dtype=bfloat16", "model.kv_cache=static"]
+    cfg = compose_train([*overrides, "model.compile_decode=true"])
+    torch.manual_seed(0)
+    population = Population.build(tiny_config(), ROLES, 1, corpus())
+    loop = build_rollout_loop(cfg, population)
+    assert loop.swarm.population is population
+    for agent in population:
+        assert agent.rollout_dtype == torch.bfloat16
+        assert agent.kv_cache == "static" and agent.compile_decode
+    default = build_rollout_loop(compose_train([]), population)
+    for agent in default.swarm.population:
+        assert agent.rollout_dtype is None
+        assert agent.kv_cache == "auto" and not agent.compile_decode

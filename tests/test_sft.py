@@ -16,6 +16,7 @@ from bidswarm.config import ModelConfig, SFTConfig, SFTMatch, TinyArchConfig
 from bidswarm.envs.experts import Demonstration, format_bid
 from bidswarm.lit.sft import (
     SFTModule,
+    bid_parse_rate,
     encode_demonstrations,
     plan_sft,
     run_sft,
@@ -113,6 +114,26 @@ def test_sft_teaches_each_agent_its_own_role():
     logger = population[0]
     smith_prompts = [template.action("smith", d.observation) for d in heldout if d.role == "smith"]
     assert all(g.text != ACTIONS["smith"] for g in logger.generate(smith_prompts, 6, 0.0))
+
+
+def test_the_bid_parse_rate_before_and_after_sft():
+    """The cold start's probe (``sft/bid_parse_rate/before|after``): sampled bid replies to the
+    agents' own bid prompts, read by the auction's parser. Seeded by its own streams: the same
+    probe twice gives the same rate. A swarm without bids (monolithic) has none."""
+    train = expert_demonstrations(96, seed=0)
+    population, template = build(ROLES, train)
+
+    def rate() -> float | None:
+        return bid_parse_rate(population, train, template, 3, 1.0, seed=0)
+
+    before = rate()
+    assert rate() == before
+    cfg = SFTConfig(epochs=16, lr=3e-3, batch_size=16)
+    run_sft(population, train, template, cfg, trainer_kwargs={"accelerator": "cpu"})
+    after = rate()
+    assert before < 0.3 and after > 0.8, (before, after)
+    monolithic, template = build([None], train)
+    assert bid_parse_rate(monolithic, train, template, 3, 1.0, seed=0) is None
 
 
 def action_copies(demos: list[Demonstration]) -> list[tuple[str, int, int]]:

@@ -41,6 +41,16 @@ constant or ``rl.warmup_updates`` > 0."""
 WINNING_BIDS = "bids/winning"
 """``bids/winning/<role>/<level>``: share of the role's acting steps won at that bid level;
 ``bids/winning/<role>/mean``: the role's mean winning bid (rules that record winning bids)."""
+BID_PARSE_RATE = "bids/parse_rate"
+"""[ours] Share of the bid replies the coordination rule read (every bidder's, at every step of
+the episodes) that parsed to a bid level; a malformed one bids 0. Per update and per held-out
+evaluation, for rules that ask for bids (``parse_failures/bid`` counts training's failures,
+forks' resamples included)."""
+SFT_BID_PARSE_RATE = "sft/bid_parse_rate"
+"""[ours] ``sft/bid_parse_rate/before`` and ``/after``: share of sampled bid replies that parse
+(at the model's temperature), to the prompts of each bidding agent's own bid demonstrations
+(up to :data:`bidswarm.lit.sft.PARSE_PROBE_PROMPTS` per agent), before and after the SFT cold
+start (:func:`bidswarm.lit.sft.bid_parse_rate`)."""
 EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"

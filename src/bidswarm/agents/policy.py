@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, StaticCache
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    StaticCache,
+)
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from bidswarm.agents.flops import ParameterCounts
@@ -65,6 +71,16 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
 
 
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` start with in common."""
+    length = 0
+    for x, y in zip(a, b, strict=False):  # up to the shorter one
+        if x != y:
+            break
+        length += 1
+    return length
+
+
 def shared_prefix_length(sequences: list[list[int]]) -> int:
     """Tokens every sequence starts with, leaving at least one token in the shortest."""
     shortest = min(len(sequence) for sequence in sequences)
@@ -101,12 +117,64 @@ def static_cache_slots(tokens: int) -> int:
     return -(-tokens // STATIC_CACHE_BLOCK) * STATIC_CACHE_BLOCK
 
 
-def sample_tokens(logits: Tensor, temperature: float, generator: torch.Generator | None) -> Tensor:
-    """One token per row from [B, V] logits; ``temperature`` 0 is greedy."""
+def sample_tokens(
+    logits: Tensor,
+    temperature: float,
+    generator: torch.Generator | None,
+    inverse_cdf: bool = False,
+) -> Tensor:
+    """One token per row from [B, V] logits; ``temperature`` 0 is greedy.
+
+    ``inverse_cdf``: the first token whose cumulative probability exceeds one uniform draw per
+    row, instead of ``torch.multinomial`` (which draws an exponential per vocabulary entry:
+    38 ms against 4 ms for 16 rows of SmolLM2's 49152 tokens on one CPU core). The same
+    distribution, another random stream: other tokens for the same ``generator``.
+    """
     if temperature <= 0.0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    if not inverse_cdf:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cumulative = probs.cumsum(dim=-1)
+    draw = torch.rand(
+        (probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype
+    )
+    # right=True: a token of probability 0 (cumulative equal to its predecessor's) is never hit
+    tokens = torch.searchsorted(cumulative, draw * cumulative[:, -1:], right=True)
+    return tokens.squeeze(-1).clamp(max=probs.shape[-1] - 1)
+
+
+@dataclass(frozen=True)
+class PromptHead:
+    """The keys and values of a prompt head (the first tokens of a batch's prompts, one row),
+    kept across generation calls: ``keys[layer]`` and ``values[layer]`` are
+    [1, kv heads, len(ids), head dim]."""
+
+    ids: tuple[int, ...]
+    keys: list[Tensor]
+    values: list[Tensor]
+
+    def cut(self, length: int) -> PromptHead:
+        """The head of the first ``length`` tokens: a causal model's keys and values of a token
+        depend on the tokens before it only, so a longer head holds every shorter one."""
+        return PromptHead(
+            self.ids[:length],
+            [k[:, :, :length] for k in self.keys],
+            [v[:, :, :length] for v in self.values],
+        )
+
+
+@dataclass
+class RolloutState:
+    """What an agent's generation keeps between calls, valid for the weights it was made from:
+    ``weights`` (each weight tensor's address and in-place version) and ``dtype`` (the rollout
+    dtype asked for). ``model``: the copy of the weights in the rollout dtype (None: generation
+    runs on the weights themselves); ``heads``: the kept prompt heads, most recent first."""
+
+    weights: tuple[tuple[int, int], ...] = ()
+    dtype: torch.dtype | None = None
+    model: PreTrainedModel | None = None
+    heads: list[PromptHead] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -134,6 +202,10 @@ class AgentPolicy(torch.nn.Module):
     adapter: with LoRA agents (``model.adapter=lora``), ``model`` is a peft model shared by
     the whole population and ``adapter`` names this agent's LoRA adapter in it: the agent
     trains only that adapter (:meth:`trainable_parameters`) and saves only it.
+
+    Generation and rollout scoring run on :meth:`rollout_model`: the weights themselves, or
+    their copy in ``rollout_dtype``. Training (:meth:`reply_token_scores`) always runs on the
+    weights themselves.
     """
 
     def __init__(
@@ -159,6 +231,23 @@ class AgentPolicy(torch.nn.Module):
         ``reduce-overhead``); applies to a static cache on CUDA only (``model.compile_decode``).
         """
         self._compiled_decode = None
+        self.rollout_dtype: torch.dtype | None = None
+        """The dtype generation and rollout scoring (:meth:`sequence_logprobs`) run in
+        (``model.rollout_dtype``); None: the weights' own. Another dtype than the weights'
+        runs on a copy of the weights cast to it (:meth:`rollout_model`), e.g. bfloat16
+        matmuls for float32 weights; the learner still trains the float32 weights. On the
+        copy, generation also reads its logits from a contiguous gather
+        (:meth:`_logits_to_keep`) and samples by inverse CDF (:func:`sample_tokens`): faster,
+        other floats and another random stream than the weights' own generation, which keeps
+        both."""
+        self.kept_prompt_heads = 4
+        """Prompt heads (the prefix shared by every prompt of a generation batch, computed once
+        for one row) whose keys and values the agent keeps across calls (0: none). A later
+        batch whose shared prefix starts like a kept head computes only the tokens after their
+        common start: the system turn of a chat template, shared by an agent's bid and action
+        prompts, and the task text before each decision's observation run once per agent,
+        not once per call. Dropped when the weights change."""
+        self._rollout = RolloutState()
         self.tokenizer = tokenizer
         self.role = role
         self.max_prompt_tokens = max_prompt_tokens
@@ -212,6 +301,43 @@ class AgentPolicy(torch.nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def rollout_model(self) -> PreTrainedModel:
+        """The model that generates and scores at rollout time: ``model``, or its copy in
+        ``rollout_dtype`` (parameters cast; buffers, e.g. the rotary frequencies, kept as they
+        are), made the first time and refreshed after the weights changed.
+
+        A change is seen through each weight tensor's address and version counter: an
+        optimizer step, ``load_state_dict``, a move to another device or dtype; a write
+        through ``.data`` is not seen (nothing here writes that way). A change also drops the
+        kept prompt heads. LoRA agents share one model: they generate on it.
+        """
+        state = self._rollout
+        weights = tuple((p.data_ptr(), p._version) for p in self.model.parameters())
+        if weights == state.weights and self.rollout_dtype == state.dtype:
+            return state.model or self.model
+        state.heads.clear()
+        state.weights, state.dtype = weights, self.rollout_dtype
+        if self.rollout_dtype in (None, self.model.dtype):
+            state.model = None
+            return self.model
+        if self.adapter is not None:
+            raise ValueError("a rollout dtype needs fully fine-tuned agents (not model.adapter)")
+        state.model = self._weights_in(self.rollout_dtype, state.model)
+        return state.model
+
+    def _weights_in(self, dtype: torch.dtype, kept: PreTrainedModel | None) -> PreTrainedModel:
+        """A copy of ``model`` with its parameters in ``dtype``: ``kept`` refreshed in place
+        when it is one on the same device, else a new one."""
+        with torch.inference_mode(False), torch.no_grad():  # plain tensors, writable later
+            if kept is not None and kept.device == self.model.device:
+                for target, source in zip(kept.parameters(), self.model.parameters(), strict=True):
+                    target.copy_(source)
+                return kept
+            copied = copy.deepcopy(self.model).eval().requires_grad_(False)
+            for parameter in copied.parameters():
+                parameter.data = parameter.data.to(dtype)
+            return copied
+
     @property
     def eos_id(self) -> int:
         """The token appended to supervised replies (the tokenizer's end of sequence)."""
@@ -250,7 +376,8 @@ class AgentPolicy(torch.nn.Module):
             return []
         prompt_ids = self.encode_prompts(prompts)
         self._use_own_adapter()
-        return self._decode(prompt_ids, None, max_new_tokens, temperature, generator)
+        model = self.rollout_model()
+        return self._decode(model, prompt_ids, None, max_new_tokens, temperature, generator)
 
     def uses_static_cache(self) -> bool:
         """Whether :meth:`generate` decodes into a preallocated :class:`StaticCache`."""
@@ -260,39 +387,42 @@ class AgentPolicy(torch.nn.Module):
 
     def _decode(
         self,
+        model: PreTrainedModel,
         prompt_ids: list[list[int]],
         adapter_names: list[str] | None,
         max_new_tokens: int,
         temperature: float,
         generator: torch.Generator | None,
     ) -> list[Generation]:
-        """The decode loop of :meth:`generate`; ``adapter_names`` routes each row through its
-        own LoRA adapter of the shared peft model (:func:`generate_across_adapters`)."""
+        """The decode loop of :meth:`generate` on ``model`` (:meth:`rollout_model`);
+        ``adapter_names`` routes each row through its own LoRA adapter of the shared peft model
+        (:func:`generate_across_adapters`)."""
         device = self.device
         stop = torch.tensor(self.stop_ids, device=device)
         routing = {} if adapter_names is None else {"adapter_names": adapter_names}
-        was_training = self.model.training
-        self.model.eval()
+        was_training = model.training
+        model.eval()
         width = max(len(ids) for ids in prompt_ids)
         static = self.uses_static_cache()
         slots = static_cache_slots(width + max_new_tokens) if static else width + max_new_tokens
-        cache = StaticCache(config=self.model.config, max_cache_len=slots) if static else None
+        cache = StaticCache(config=model.config, max_cache_len=slots) if static else None
         # One mask for prompt and reply, preallocated: each decode step writes its column
         # instead of concatenating a new mask. A static cache attends over all its slots, so it
         # sees the whole mask (fixed shape); a dynamic one the columns it holds so far.
         attention_mask = torch.zeros((len(prompt_ids), slots), dtype=torch.long, device=device)
         out, next_positions, shared_prefix = self._prefill(
-            prompt_ids, attention_mask, cache, routing
+            model, prompt_ids, attention_mask, cache, routing
         )
-        step_forward = self._decode_step_forward(static)
+        step_forward = self._decode_step_forward(model, static)
         finished = torch.zeros(len(prompt_ids), dtype=torch.bool, device=device)
         # Whether every row has stopped is a host sync; on an accelerator it is asked every few
         # tokens only (rows that stopped decode padding, cut off by _collect), so the device
         # runs ahead of the host.
         check_every = self.stop_check_every or (1 if device.type == "cpu" else 8)
         sampled: list[Tensor] = []
+        fast_sampling = model is not self.model  # the rollout copy's engine (rollout_model)
         for step in range(max_new_tokens):
-            tokens = sample_tokens(out.logits[:, -1, :], temperature, generator)
+            tokens = sample_tokens(out.logits[:, -1, :], temperature, generator, fast_sampling)
             tokens = torch.where(finished, self.pad_id, tokens)
             sampled.append(tokens)
             finished |= torch.isin(tokens, stop)
@@ -311,19 +441,19 @@ class AgentPolicy(torch.nn.Module):
                 **routing,
             )
             next_positions = next_positions + 1
-        self.model.train(was_training)
+        model.train(was_training)
         return self._collect(prompt_ids, sampled, shared_prefix)
 
-    def _decode_step_forward(self, static: bool):
-        """The model's forward for one token per row: compiled with CUDA graphs
+    def _decode_step_forward(self, model: PreTrainedModel, static: bool):
+        """``model``'s forward for one token per row: compiled with CUDA graphs
         (``compile_decode``) when the cache is static on a CUDA device, else the plain one.
         CUDA graphs replay fixed shapes only; a dynamic cache grows every step."""
         if not (self.compile_decode and static and self.device.type == "cuda"):
-            return self.model
-        if self._compiled_decode is None:
+            return model
+        if self._compiled_decode is None or self._compiled_decode[0] is not model:
             # The bound forward, not the module: a compiled module assigned here would be
             # registered as a second copy of the agent's parameters.
-            compiled = torch.compile(self.model.forward, mode="reduce-overhead")
+            compiled = torch.compile(model.forward, mode="reduce-overhead")
 
             def step_forward(**inputs):
                 # Each step replays the graph anew: the previous step's outputs (read before
@@ -331,11 +461,12 @@ class AgentPolicy(torch.nn.Module):
                 torch.compiler.cudagraph_mark_step_begin()
                 return compiled(**inputs)
 
-            self._compiled_decode = step_forward
-        return self._compiled_decode
+            self._compiled_decode = (model, step_forward)
+        return self._compiled_decode[1]
 
     def _prefill(
         self,
+        model: PreTrainedModel,
         prompt_ids: list[list[int]],
         attention_mask: Tensor,
         cache: StaticCache | None,
@@ -347,10 +478,10 @@ class AgentPolicy(torch.nn.Module):
         position ids [B, 1] of the first reply token and the length of the prefix run once.
 
         Prompts of one agent share the task and role text (chat templates put it first), so
-        the prefix is computed for one row and its cache repeated, and only the differing
-        suffixes (left-padded after the prefix) run for every row. Rows routed through
-        different LoRA adapters (``routing``) never share a prefix: its keys and values depend
-        on the adapter.
+        the prefix (the prompt head, :meth:`_prompt_head`) is computed for one row and written
+        into every row of the cache, and only the differing suffixes (left-padded after the
+        prefix) run for every row. Rows routed through different LoRA adapters (``routing``)
+        never share a prefix: its keys and values depend on the adapter.
         """
         width = max(len(ids) for ids in prompt_ids)
         prefix = shared_prefix_length(prompt_ids)
@@ -358,19 +489,13 @@ class AgentPolicy(torch.nn.Module):
             input_ids, prompt_mask = left_pad(prompt_ids, self.pad_id, self.device)
             head_length = 0
         else:
-            head = torch.tensor([prompt_ids[0][:prefix]], device=self.device)
-            head_cache = self.model(
-                input_ids=head, use_cache=True, logits_to_keep=1
-            ).past_key_values
-            if cache is None:
-                head_cache.batch_repeat_interleave(len(prompt_ids))
-                cache = head_cache
-            else:
-                # A static cache cannot repeat its rows; it takes the prefix row written into
-                # every row (the cache's own update, which allocates it at the batch size).
-                for index, layer in enumerate(head_cache.layers):
-                    rows = (len(prompt_ids), -1, -1, -1)
-                    cache.update(layer.keys.expand(rows), layer.values.expand(rows), index)
+            head = self._prompt_head(model, prompt_ids[0][:prefix])
+            cache = DynamicCache(config=model.config) if cache is None else cache
+            rows = (len(prompt_ids), -1, -1, -1)
+            for index, (keys, values) in enumerate(zip(head.keys, head.values, strict=True)):
+                # The cache's own update copies the row into every row (a static cache
+                # allocates itself at the batch size here).
+                cache.update(keys.expand(rows), values.expand(rows), index)
             input_ids, prompt_mask = left_pad(
                 [ids[prefix:] for ids in prompt_ids], self.pad_id, self.device
             )
@@ -379,16 +504,72 @@ class AgentPolicy(torch.nn.Module):
         attention_mask[:, head_length:width] = prompt_mask
         static = isinstance(cache, StaticCache)
         position_ids = head_length + positions_from_mask(prompt_mask)
-        out = self.model(
+        out = model(
             input_ids=input_ids,
             attention_mask=attention_mask if static else attention_mask[:, :width],
             position_ids=position_ids,
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=self._logits_to_keep(model, input_ids.shape[1], 1),
             **routing,
         )
         return out, position_ids[:, -1:] + 1, head_length
+
+    def _logits_to_keep(self, model: PreTrainedModel, width: int, keep: int) -> int | Tensor:
+        """The ``logits_to_keep`` of a forward of ``width`` positions whose last ``keep`` logits
+        are read. On a rollout copy (:meth:`rollout_model`): the positions' indices, which
+        gather those hidden states into a contiguous tensor before the output head. The plain
+        count slices them, and torch's CPU matmul of a non-contiguous [B, keep, hidden] slice
+        with the head copies the head's weight for every row: 5 s instead of 20 ms for
+        SmolLM2's bfloat16 head at 16 rows, 270 instead of 75 ms in float32. On the weights
+        themselves it stays the count: the two matmuls round differently, and the weights'
+        own generation and training keep their floats."""
+        if model is self.model:
+            return keep
+        return torch.arange(width - keep, width, device=self.device)
+
+    def _prompt_head(self, model: PreTrainedModel, ids: list[int]) -> PromptHead:
+        """The keys and values of the prompt head ``ids`` under ``model``: cut from a kept head
+        that starts with all of ``ids``; else the kept head with the longest common start,
+        extended by a forward of the rest of ``ids`` over its keys and values; else one
+        forward of ``ids``. Equal, up to float rounding, to one forward of ``ids``: a token's
+        keys and values depend on the tokens before it only. The head is kept as the most
+        recent one (``kept_prompt_heads``); a kept head it extends is dropped."""
+        heads = self._rollout.heads
+        best, common = None, 0
+        for kept in heads:
+            length = common_prefix_length(kept.ids, ids)
+            if length > common:
+                best, common = kept, length
+        if best is not None and common == len(ids):
+            head = best
+            result = best.cut(common)
+        else:
+            cache = DynamicCache(config=model.config)
+            if best is not None:  # the kept head's common start (common > 0)
+                for index, (keys, values) in enumerate(zip(best.keys, best.values, strict=True)):
+                    cache.update(keys[:, :, :common], values[:, :, :common], index)
+            rest = len(ids) - common
+            model(
+                input_ids=torch.tensor([ids[common:]], device=self.device),
+                position_ids=torch.arange(common, len(ids), device=self.device)[None],
+                past_key_values=cache,
+                use_cache=True,
+                # Nothing reads these logits: the last position's, gathered (an int slices
+                # [1, rest, hidden] into a view the output head's CPU matmul handles by copying
+                # its whole weight: 250 ms per head for SmolLM2 in bfloat16).
+                logits_to_keep=torch.tensor([rest - 1], device=self.device),
+            )
+            layers = cache.layers
+            head = result = PromptHead(
+                tuple(ids), [layer.keys for layer in layers], [layer.values for layer in layers]
+            )
+        if self.kept_prompt_heads > 0:
+            heads[:] = [head] + [
+                kept for kept in heads if kept is not head and kept.ids != head.ids[: len(kept.ids)]
+            ]
+            del heads[self.kept_prompt_heads :]
+        return result
 
     def _collect(
         self, prompt_ids: list[list[int]], sampled: list[Tensor], shared_prefix: int
@@ -429,6 +610,18 @@ class AgentPolicy(torch.nn.Module):
         """:meth:`reply_token_logprobs` and, with ``entropy``, the entropy of the whole
         next-token distribution (at ``temperature``) at each reply position, with gradient
         (:class:`ReplyScores`, every tensor [B, L])."""
+        self._use_own_adapter()
+        return self._reply_scores(self.model, prompt_ids, reply_ids, temperature, entropy)
+
+    def _reply_scores(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: list[list[int]],
+        reply_ids: list[list[int]],
+        temperature: float,
+        entropy: bool = False,
+    ) -> ReplyScores:
+        """:meth:`reply_token_scores` under ``model`` (the weights, or :meth:`rollout_model`)."""
         lengths = torch.tensor([len(reply) for reply in reply_ids], device=self.device)
         width = int(lengths.max()) if len(reply_ids) else 0
         if width == 0:
@@ -436,13 +629,12 @@ class AgentPolicy(torch.nn.Module):
             return ReplyScores(empty, empty, empty if entropy else None)
         sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
         input_ids, attention_mask = left_pad(sequences, self.pad_id, self.device)
-        self._use_own_adapter()
-        out = self.model(
+        out = model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=positions_from_mask(attention_mask),
             use_cache=False,
-            logits_to_keep=width + 1,
+            logits_to_keep=self._logits_to_keep(model, input_ids.shape[1], width + 1),
         )
         # Logits at the last width+1 positions; the first width of them predict the last width
         # tokens, where each row's reply sits right-aligned.
@@ -468,16 +660,19 @@ class AgentPolicy(torch.nn.Module):
         token_budget: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Summed log-prob of each reply given its prompt, and its length, both [B], without
-        gradient (scoring); forwards of at most ``token_budget`` tokens (:func:`micro_batches`).
+        gradient (scoring at rollout time, on :meth:`rollout_model`, the model that samples);
+        forwards of at most ``token_budget`` tokens (:func:`micro_batches`).
         """
         sums, lengths = [], []
         rows = [len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True)]
+        self._use_own_adapter()
+        model = self.rollout_model()
         for part in micro_batches(rows, token_budget):
-            logprobs, mask = self.reply_token_logprobs(
-                [prompt_ids[i] for i in part], [reply_ids[i] for i in part], temperature
+            scores = self._reply_scores(
+                model, [prompt_ids[i] for i in part], [reply_ids[i] for i in part], temperature
             )
-            sums.append((logprobs * mask).sum(dim=1))
-            lengths.append(mask.sum(dim=1))
+            sums.append((scores.logprobs * scores.mask).sum(dim=1))
+            lengths.append(scores.mask.sum(dim=1))
         if not sums:
             empty = torch.zeros(0, device=self.device)
             return empty, empty
@@ -606,7 +801,8 @@ def generate_across_adapters(
     if not rows:
         return [[] for _ in policies]
     names = [policy.adapter for policy, part in zip(policies, encoded, strict=True) for _ in part]
-    generations = policies[0]._decode(rows, names, max_new_tokens, temperature, generator)
+    first = policies[0]
+    generations = first._decode(first.model, rows, names, max_new_tokens, temperature, generator)
     replies, start = [], 0
     for part in encoded:
         replies.append(generations[start : start + len(part)])

@@ -93,6 +93,14 @@ class ModelConfig:
     gguf_package: str | None = None
     gguf_file: str | None = None
     dtype: DType = DType.float32
+    rollout_dtype: DType | None = None
+    """[ours] The dtype agents generate (and score at rollout time) in; None: ``dtype``. Another
+    one generates on a copy of the weights cast to it, refreshed after every update, while the
+    learner trains the ``dtype`` weights: ``bfloat16`` for ``float32`` weights runs on the
+    bfloat16 matmul units of recent CPUs (AMX) and GPUs. Replies are sampled from the cast
+    copy: log-probs within ~0.04 nats per token of float32 for SmolLM2 (docs/performance.md).
+    Fully fine-tuned agents only, not under DeepSpeed (it writes the weights in its own
+    buffers, which the copy would not see)."""
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
     temperature: float = 1.0
     max_bid_tokens: int = 4

@@ -77,6 +77,15 @@ def validate(cfg: Any) -> None:
     _rl_problems(cfg, problems)
     _clipping_problems(cfg, problems)
     problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    if cfg.model.rollout_dtype is not None:
+        problems.require(
+            not str(cfg.trainer.strategy).startswith("deepspeed"),
+            "model.rollout_dtype",
+            cfg.model.rollout_dtype,
+            f"null under trainer.strategy={cfg.trainer.strategy}: DeepSpeed writes the "
+            "weights in its own buffers, so the copy in the rollout dtype would not see an "
+            "update; set model.dtype instead",
+        )
     problems.require(
         cfg.init_from is None or not cfg.sft.enabled,
         "init_from",
@@ -134,6 +143,14 @@ def _model_problems(model: Any, problems: Problems) -> None:
             "model.kv_cache",
             model.kv_cache,
             "static or auto: model.compile_decode=true needs fixed shapes",
+        )
+    if model.rollout_dtype is not None:
+        problems.require(
+            model.adapter == "full",
+            "model.rollout_dtype",
+            model.rollout_dtype,
+            "null with model.adapter=lora (the copy in the rollout dtype is of a fully "
+            "fine-tuned agent's weights)",
         )
     if model.torch_threads is not None:
         problems.require(

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
-from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.config import SFTConfig, SFTMatch
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
@@ -75,6 +75,39 @@ def demonstrations_of(role: str | None, demonstrations: list[Demonstration]):
     if role is None:
         return [d for d in demonstrations if d.role is None and d.kind == "action"]
     return [d for d in demonstrations if d.role == role]
+
+
+PARSE_PROBE_PROMPTS = 32
+"""Bid demonstrations per agent whose prompts :func:`bid_parse_rate` samples a reply to."""
+
+
+def bid_parse_rate(
+    population: Population,
+    demonstrations: list[Demonstration],
+    prompts: PromptTemplate,
+    max_bid_tokens: int,
+    temperature: float,
+    seed: int,
+) -> float | None:
+    """Share of bid replies that parse to a bid level (:func:`parse_bid`), sampled at
+    ``temperature`` by each agent to the prompts of up to :data:`PARSE_PROBE_PROMPTS` of its own
+    role's bid demonstrations (a seeded draw, the same before and after SFT); None when no
+    agent has bid demonstrations (a monolithic swarm). A pretrained chat model replies free
+    text to a bid prompt: this says how much of it the auction can read, before and after the
+    cold start (``sft/bid_parse_rate/before|after``). Its own random streams: it moves no
+    other number of the run."""
+    rng = random.Random(seed)
+    generator = torch.Generator(population.agents[0].device).manual_seed(seed)
+    parsed: list[bool] = []
+    for agent in population.agents:
+        bids = [d for d in demonstrations_of(agent.role, demonstrations) if d.kind == "bid"]
+        if not bids:
+            continue
+        probe = rng.sample(bids, min(PARSE_PROBE_PROMPTS, len(bids)))
+        texts = [prompts.bid(d.role, d.observation) for d in probe]
+        replies = agent.generate(texts, max_bid_tokens, temperature, generator)
+        parsed += [parse_bid(reply.text, list(prompts.bid_levels))[1] for reply in replies]
+    return sum(parsed) / len(parsed) if parsed else None
 
 
 def keep_bid_fraction(

@@ -20,7 +20,8 @@ def episode_metrics(
     """Means over ``episodes`` of reward (with its SE) and every task metric, who acted how
     often, and with ``bid_levels`` (the levels of the rule's winning bids; None for a rule that
     records none, :attr:`RolloutLoop.winning_bid_levels`) the winning bids per role
-    (:func:`winning_bid_metrics`); ``roles[i]`` is agent ``i``'s role."""
+    (:func:`winning_bid_metrics`); ``roles[i]`` is agent ``i``'s role. With bids sampled, the
+    share that parsed (``bids/parse_rate``)."""
     reward = summarize([e.total_reward for e in episodes]) if episodes else None
     metrics = {
         "reward/mean": reward.mean if reward else 0.0,
@@ -44,6 +45,9 @@ def episode_metrics(
     metrics["contested_fraction"] = contested / max(total_acting, 1)
     if bid_levels is not None:
         metrics |= winning_bid_metrics(episodes, roles, bid_levels)
+    parsed = [bid.parsed for e in episodes for s in e.steps for bid in s.bids.values()]
+    if parsed:  # rules that ask for bids
+        metrics[names.BID_PARSE_RATE] = sum(parsed) / len(parsed)
     return metrics
 
 

@@ -33,8 +33,8 @@ class Swarm:
 
     token_budget: the most tokens one scoring forward may see (``rl.micro_batch_tokens``;
     None: no limit).
-    kv_cache, compile_decode: how every agent decodes (``model.kv_cache``,
-    ``model.compile_decode``; :class:`AgentPolicy`).
+    kv_cache, compile_decode, rollout_dtype: how every agent decodes (``model.kv_cache``,
+    ``model.compile_decode``, ``model.rollout_dtype``; :class:`AgentPolicy`).
     """
 
     def __init__(
@@ -48,6 +48,7 @@ class Swarm:
         token_budget: int | None = None,
         kv_cache: str = "auto",
         compile_decode: bool = False,
+        rollout_dtype: torch.dtype | None = None,
     ):
         self.population = population
         self.bid_population = bid_population or population
@@ -64,6 +65,7 @@ class Swarm:
         for policy in [*self.population.agents, *self.bid_population.agents]:
             policy.kv_cache = kv_cache
             policy.compile_decode = compile_decode
+            policy.rollout_dtype = rollout_dtype
 
     @property
     def n_agents(self) -> int:

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from bidswarm.agents.models import torch_dtype
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.coordination import RULES, make_coordination
@@ -53,6 +55,11 @@ def build_population(
     )
 
 
+def rollout_dtype(model_cfg: Any) -> torch.dtype | None:
+    """``model.rollout_dtype`` as a torch dtype (None: generation in the weights' dtype)."""
+    return None if model_cfg.rollout_dtype is None else torch_dtype(model_cfg.rollout_dtype)
+
+
 def build_rollout_loop(
     cfg: DictConfig,
     population: Population,
@@ -80,6 +87,9 @@ def build_rollout_loop(
         cfg.model.temperature,
         bid_population=bid_population,
         token_budget=cfg.model.micro_batch_tokens,
+        kv_cache=cfg.model.kv_cache,
+        compile_decode=cfg.model.compile_decode,
+        rollout_dtype=rollout_dtype(cfg.model),
     )
     coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
     return RolloutLoop(lambda: make_env(task_config), swarm, coordination)

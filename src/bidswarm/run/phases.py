@@ -29,7 +29,7 @@ from bidswarm.lit.callbacks import (
     resume_checkpoint,
 )
 from bidswarm.lit.collectives import gather_on_process_zero, process_group
-from bidswarm.lit.sft import run_sft
+from bidswarm.lit.sft import bid_parse_rate, run_sft
 from bidswarm.lit.strategy import build_strategy
 from bidswarm.lit.swarm_module import SwarmModule
 from bidswarm.plots import plot_participation, plot_reward_vs_flops
@@ -105,6 +105,7 @@ class Run:
     def cold_start(self) -> None:
         """SFT on each role's own expert demonstrations (PAPER.md section 5), then save."""
         if self.cfg.sft.enabled:
+            parse_rate_before = self.bid_parse_rate()
             result = run_sft(
                 self.population,
                 self.demonstrations,
@@ -114,14 +115,32 @@ class Run:
                 logger=self.logger,
                 seed=self.cfg.seed,
             )
+            if parse_rate_before is not None:
+                result[f"{names.SFT_BID_PARSE_RATE}/before"] = parse_rate_before
+                result[f"{names.SFT_BID_PARSE_RATE}/after"] = self.bid_parse_rate()
             self.state["sft"] = result
-            # The SFT budget (tokens by demonstration kind, FLOPs) of the arm, for the report.
-            budget = {k: v for k, v in result.items() if k.startswith(names.SFT_BUDGET)}
-            self.logger.log_metrics(budget, step=0)
+            # The SFT budget (tokens by demonstration kind, FLOPs) of the arm, for the report,
+            # and how many of the agents' bid replies parse before and after SFT.
+            logged = (*names.SFT_BUDGET, names.SFT_BID_PARSE_RATE)
+            self.logger.log_metrics(
+                {k: v for k, v in result.items() if k.startswith(logged)}, step=0
+            )
         if rank_zero_only.rank == 0:
             self.population.save_pretrained(self.run_dir / "sft", self.lora_base_folder)
         self.state["sft_done"] = True
         self.save_state()
+
+    def bid_parse_rate(self) -> float | None:
+        """The share of the agents' sampled bid replies that parse (:func:`bid_parse_rate`)."""
+        swarm = self.loop.swarm
+        return bid_parse_rate(
+            swarm.bid_population,
+            self.demonstrations,
+            swarm.prompts,
+            swarm.max_bid_tokens,
+            swarm.temperature,
+            self.cfg.seed,
+        )
 
     def evaluate_and_record(self, key: str, step: int | None = None) -> dict[str, float]:
         """Held-out mean, SE and 95% CI over worlds, logged under ``key/`` and kept in the
