@@ -580,6 +580,18 @@ def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path
     assert drawn is not None and drawn.stat().st_size > 0
 
 
+def test_heldout_whiskers_are_a_t_interval_from_three_runs_and_the_range_below():
+    assert figures.heldout_whiskers([4.0]) == (4.0, 4.0, 4.0)
+    # two runs: their range, not the t interval (t = 12.7 makes it 60 points wide here)
+    assert figures.heldout_whiskers([10.0, 16.0]) == (13.0, 10.0, 16.0)
+    wide = statistics.summarize([10.0, 16.0])
+    assert wide.ci_high - wide.ci_low > 30
+    rewards = [10.0, 16.0, 13.0, 11.0]
+    summary = statistics.summarize(rewards)
+    assert figures.heldout_whiskers(rewards) == (summary.mean, summary.ci_low, summary.ci_high)
+    assert summary.ci_low < min(rewards) and summary.ci_high > max(rewards)
+
+
 def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
     """SFT tokens by kind, SFT FLOPs, RL updates of each kind and RL FLOPs per strategy (the
     final logged values, averaged over seeds); an evaluation run shows its source run's."""

@@ -189,7 +189,7 @@ def plot_reward_vs_flops_per_strategy(
     ax.set_ylabel("episode reward")
     ax.set_title(
         "Reward vs training FLOPs: training episodes (line, ± SE),\n"
-        "held-out worlds (squares, 95% CI over runs)",
+        "held-out worlds (squares, 95% CI over >= 3 runs, range of 2)",
         fontsize=10,
     )
     ax.grid(alpha=0.3)
@@ -200,23 +200,38 @@ def plot_reward_vs_flops_per_strategy(
     return path
 
 
+MIN_RUNS_FOR_INTERVAL = 3
+"""Runs a held-out point needs before :func:`heldout_whiskers` draws its 95% t interval: with
+two runs the t quantile is 12.7 and the interval spans hundreds of reward points."""
+
+
+def heldout_whiskers(rewards: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high) of one held-out point over runs: the 95% t interval from
+    :data:`MIN_RUNS_FOR_INTERVAL` runs on, the runs' range below that (the run itself for one)."""
+    summary = statistics.summarize(rewards)
+    if len(rewards) >= MIN_RUNS_FOR_INTERVAL:
+        return summary.mean, summary.ci_low, summary.ci_high
+    return summary.mean, min(rewards), max(rewards)
+
+
 def draw_heldout_points(ax: plt.Axes, results: list[RunResult], color: str) -> None:
     """A strategy's held-out rewards along training (:attr:`RunResult.heldout_curve`), each
-    point the mean over the runs that measured it, at their mean FLOPs, with the 95% t
-    interval over those runs (none for one run), joined by a dashed line."""
-    xs, means, errors = [], [], []
+    point the mean over the runs that measured it, at their mean FLOPs, with
+    :func:`heldout_whiskers`, joined by a dashed line."""
+    points = []
     for label in {label for r in results for label in r.heldout_curve}:
-        points = [r.heldout_curve[label] for r in results if label in r.heldout_curve]
-        summary = statistics.summarize([reward for _, reward in points])
-        xs.append(sum(x for x, _ in points) / len(points))
-        means.append(summary.mean)
-        errors.append(summary.ci_high - summary.mean)
-    if xs:
-        order = sorted(range(len(xs)), key=lambda i: xs[i])
+        measured = [r.heldout_curve[label] for r in results if label in r.heldout_curve]
+        flops = sum(x for x, _ in measured) / len(measured)
+        points.append((flops, *heldout_whiskers([reward for _, reward in measured])))
+    if points:
+        points.sort()
         ax.errorbar(
-            [xs[i] for i in order],
-            [means[i] for i in order],
-            yerr=[errors[i] for i in order],
+            [flops for flops, *_ in points],
+            [mean for _, mean, _, _ in points],
+            yerr=[
+                [mean - low for _, mean, low, _ in points],
+                [high - mean for _, mean, _, high in points],
+            ],
             fmt="s--",
             ms=5,
             capsize=3,
