@@ -25,6 +25,38 @@ def sweep_command(sweep_dir: Path, *overrides: str) -> list[str]:
     ]
 
 
+TINY_BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
+
+
+def tiny_crafting_swarm(max_decisions: int):
+    """A seeded one-layer tiny population, one agent per crafting role with compact prompts,
+    in a rollout loop under the auction: ``(env, population, loop)``, the same weights in every
+    process that calls it."""
+    from bidswarm.agents.population import Population
+    from bidswarm.agents.prompts import PromptTemplate
+    from bidswarm.config import ModelConfig, TinyArchConfig
+    from bidswarm.coordination.auction import Auction
+    from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
+    from bidswarm.rollout.loop import RolloutLoop
+    from bidswarm.rollout.swarm import Swarm
+
+    def make_env() -> CraftingEnv:
+        return CraftingEnv(CraftingConfig(max_decisions=max_decisions))
+
+    env = make_env()
+    texts = PromptTemplate.for_env(env, "compact", None, TINY_BID_LEVELS)
+    corpus = [texts.action(r, env.observation(r)) + " chop a tree 0.8" for r in env.roles]
+    arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch)
+    torch.manual_seed(0)
+    population = Population.build(model, list(env.roles), 1, corpus)
+    prompts = PromptTemplate.for_env(
+        env, "compact", population.agents[0].tokenizer, TINY_BID_LEVELS
+    )
+    loop = RolloutLoop(make_env, Swarm(population, prompts, 3, 6, 1.0), Auction())
+    return env, population, loop
+
+
 # Two cores shared by everything on CI: one intra-op thread keeps tests predictable.
 torch.set_num_threads(1)
 

@@ -19,6 +19,8 @@ import pytest
 import torch
 from lightning.pytorch.loggers import Logger
 
+from conftest import tiny_crafting_swarm
+
 pytestmark = pytest.mark.slow  # ~40 s on 2 busy cores, most of it starting the processes
 
 PROCESSES = 2
@@ -50,29 +52,11 @@ class RecordingLogger(Logger):
 
 def build_run(folder: Path):
     """The same tiny population (seeded), loop and collector in every process."""
-    from bidswarm.agents.population import Population
-    from bidswarm.agents.prompts import PromptTemplate
     from bidswarm.algorithms.credit import CreditConfig, make_credit
-    from bidswarm.config import ModelConfig, RLConfig, TinyArchConfig
-    from bidswarm.coordination.auction import Auction
-    from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
+    from bidswarm.config import RLConfig
     from bidswarm.rollout.collector import Collector
-    from bidswarm.rollout.loop import RolloutLoop
-    from bidswarm.rollout.swarm import Swarm
 
-    def make_env() -> CraftingEnv:
-        return CraftingEnv(CraftingConfig(max_decisions=8))
-
-    env = make_env()
-    levels = [0.0, 0.2, 0.4, 0.6, 0.8]
-    texts = PromptTemplate.for_env(env, "compact", None, levels)
-    corpus = [texts.action(r, env.observation(r)) + " chop a tree 0.8" for r in env.roles]
-    arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    model = ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch)
-    torch.manual_seed(0)
-    population = Population.build(model, list(env.roles), 1, corpus)
-    prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, levels)
-    loop = RolloutLoop(make_env, Swarm(population, prompts, 3, 6, 1.0), Auction())
+    env, population, loop = tiny_crafting_swarm(max_decisions=8)
     rl = RLConfig(
         cycles=1, action_updates=2, bid_updates=1, envs_per_update=2, bid_envs_per_update=2,
         fork_budget=1, checkpoint_every=1,

@@ -29,6 +29,7 @@ from bidswarm.rollout.forks import choose_fork_steps, fork_pairs, forkable_steps
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, PreferencePair, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
+from conftest import tiny_crafting_swarm
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
@@ -39,16 +40,7 @@ def make_env() -> CraftingEnv:
 
 @pytest.fixture(scope="module")
 def module() -> SwarmModule:
-    env = make_env()
-    texts = PromptTemplate.for_env(env, "compact", None, LEVELS)
-    corpus = [texts.action(r, env.observation(r)) + " chop a tree 0.8" for r in env.roles]
-    arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    cfg = ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch)
-    torch.manual_seed(0)
-    population = Population.build(cfg, list(env.roles), 1, corpus)
-    prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, LEVELS)
-    swarm = Swarm(population, prompts, 3, 6, 1.0)
-    loop = RolloutLoop(make_env, swarm, Auction())
+    env, population, loop = tiny_crafting_swarm(max_decisions=12)
     collector = Collector(
         loop, RLConfig(), make_credit(CreditConfig("bucket_brigade")), env.train_seeds(), seed=0
     )
