@@ -592,6 +592,21 @@ def test_heldout_whiskers_are_a_t_interval_from_three_runs_and_the_range_below()
     assert summary.ci_low < min(rewards) and summary.ci_high > max(rewards)
 
 
+def test_who_acts_at_a_fixed_decision_counts_only_the_runs_that_measured_it():
+    def run(name: str, at: dict[str, dict[str, float]]) -> reading.RunResult:
+        return reading.RunResult(name, "credit=reward_to_go", None, None, None, participation=at)
+
+    finished = {
+        "before_at": {"10/logger": 0.2, "10/smith": 0.8},
+        "after_at": {"10/logger": 0.4, "10/smith": 0.6},
+    }
+    still_running = run("b", {})  # no held-out evaluation after RL yet
+    table = tables.participation_at_table(
+        {"credit=reward_to_go": [run("a", finished), still_running]}
+    )
+    assert "| credit=reward_to_go | 10 | logger 20% → 40%; smith 80% → 60% | 1 |" in table
+
+
 def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
     """SFT tokens by kind, SFT FLOPs, RL updates of each kind and RL FLOPs per strategy (the
     final logged values, averaged over seeds); an evaluation run shows its source run's."""

@@ -310,7 +310,8 @@ def participation_at_table(groups: dict[str, list[RunResult]]) -> str:
                 a = [p[key] for p in after if key in p]
                 shown = f"{100 * sum(b) / len(b):.0f}% → " if b else ""
                 parts.append(f"{key.split('/')[1]} {shown}{100 * sum(a) / len(a):.0f}%")
-            lines.append(f"| {strategy} | {label} | {'; '.join(parts)} | {len(results)} |")
+            measured = sum(1 for p in after if any(k.split("/")[0] == label for k in p))
+            lines.append(f"| {strategy} | {label} | {'; '.join(parts)} | {measured} |")
     if not lines:
         return ""
     head = [
