@@ -42,7 +42,7 @@ from bidswarm.lit.callbacks import (
     resume_checkpoint,
 )
 from bidswarm.lit.strategy import ExplainingProcessObserver
-from bidswarm.run.preflight import checked_at_hydra_start
+from bidswarm.run.preflight import checked_at_hydra_start, preflight
 from bidswarm.run.resume import ResumeError, check_resume, load_state, method_changes
 from conftest import CONF, ROOT
 
@@ -235,6 +235,27 @@ def test_resume_with_another_method_fails_naming_the_keys(tmp_path, change, keys
         check_resume(cfg)
     for key in keys:
         assert f"\n  {key}: " in str(error.value)
+
+
+def test_resume_into_a_deleted_or_missing_mlflow_run_fails_before_anything_loads(tmp_path):
+    """The run's MLflow run was deleted (say, by tidying up killed runs) or lives in another
+    store: preflight names the run and the fix, instead of the first update failing to log."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("e")).info.run_id
+    run = fake_run(tmp_path / "run", ["debug=smoke"])
+    (run / "state.json").write_text(json.dumps({"sft_done": True, "mlflow_run_id": run_id}))
+    cfg = compose_train(["debug=smoke", f"logger.tracking_uri={uri}", f"resume={run}"])
+    preflight(cfg)  # an active run resumes
+    client.delete_run(run_id)
+    with pytest.raises(ResumeError, match=f"MLflow run {run_id} was deleted; restore it"):
+        preflight(cfg)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    cfg = compose_train(["debug=smoke", f"logger.tracking_uri={other}", f"resume={run}"])
+    with pytest.raises(ResumeError, match=f"MLflow run {run_id} is not in the tracking store"):
+        preflight(cfg)
 
 
 def test_resume_may_lengthen_the_schedule(tmp_path):

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from bidswarm import tracking
 from bidswarm.config import check_machine, validate
 from bidswarm.lit.callbacks import CheckpointError
-from bidswarm.run.resume import check_init_from, check_resume
+from bidswarm.run.resume import check_init_from, check_resume, check_resumed_tracking
 
 
 def preflight(cfg: DictConfig) -> None:
@@ -25,7 +25,9 @@ def preflight(cfg: DictConfig) -> None:
     check_resume(cfg)
     check_init_from(cfg)
     if cfg.logger.name == "mlflow":
-        tracking.check_store(tracking.tracking_uri(cfg.logger.tracking_uri))
+        uri = tracking.tracking_uri(cfg.logger.tracking_uri)
+        tracking.check_store(uri)
+        check_resumed_tracking(cfg, uri)
 
 
 class Preflight(Callback):

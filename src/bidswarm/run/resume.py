@@ -54,6 +54,35 @@ def check_resume(cfg: DictConfig) -> None:
     resume_checkpoint(folder / "checkpoints", full=False)
 
 
+def check_resumed_tracking(cfg: DictConfig, uri: str) -> None:
+    """A resumed run goes on logging into the MLflow run it started (``mlflow_run_id`` in its
+    ``state.json``): that run must be in the store at ``uri`` and not deleted, or the first
+    update's metrics would fail after the models have loaded. Raises :class:`ResumeError`
+    naming the run and the fix. Loads no model."""
+    if cfg.resume is None:
+        return
+    run_id = load_state(Path(cfg.resume)).get("mlflow_run_id")
+    if run_id is None:
+        return
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        run = MlflowClient(uri).get_run(run_id)
+    except MlflowException:
+        raise ResumeError(
+            f"resume={cfg.resume}: its MLflow run {run_id} is not in the tracking store {uri}; "
+            "resume with the store it was logged to (logger.tracking_uri or "
+            "MLFLOW_TRACKING_URI)"
+        ) from None
+    if run.info.lifecycle_stage == "deleted":
+        raise ResumeError(
+            f"resume={cfg.resume}: its MLflow run {run_id} was deleted; restore it "
+            f"(MLFLOW_TRACKING_URI={uri} mlflow runs restore --run-id {run_id}) and resume "
+            "again, or start a new run without resume="
+        )
+
+
 class InitFromError(ValueError):
     """``init_from=`` names no finished run, or one whose agents this config cannot start from."""
 
