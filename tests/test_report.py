@@ -331,6 +331,9 @@ def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
     assert len(parents) == 1, f"expected one sweep parent run, got {len(parents)}"
     assert len(children) == 2
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    if launcher:  # two jobs at once share the cores this process may run on
+        shared = max(1, len(os.sched_getaffinity(0)) // 2)
+        assert {c.data.params["system/torch_threads"] for c in children} == {str(shared)}
 
     out = tmp_path / "report"
     shown = subprocess.run(

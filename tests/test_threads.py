@@ -3,9 +3,13 @@ all of them (``scripts/bench_threads.py`` measures why)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from bidswarm.sweep import SWEEP_JOBS_ENV, SweepJobs, sweep_jobs
 from bidswarm.train import threads_per_job
 from conftest import ROOT
 
@@ -27,3 +31,39 @@ def test_a_local_sweep_splits_the_cores_among_its_parallel_jobs(n_jobs, cores, t
 def test_a_single_run_or_a_sequential_sweep_keeps_torchs_default():
     assert threads_per_job(hydra_node("hydra.mode=RUN"), cores=8) is None
     assert threads_per_job(hydra_node("hydra.mode=MULTIRUN"), cores=8) is None  # basic launcher
+
+
+def test_a_sweep_of_fewer_jobs_than_n_jobs_gives_each_job_more_threads(monkeypatch):
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    node = hydra_node("hydra/launcher=local", "hydra.launcher.n_jobs=2", "hydra.mode=MULTIRUN")
+    assert threads_per_job(node, cores=8, sweep_jobs=1) == 8
+    assert threads_per_job(node, cores=8, sweep_jobs=5) == 4
+    monkeypatch.setenv(SWEEP_JOBS_ENV, "1")  # what SweepJobs tells the launcher's jobs
+    assert threads_per_job(node, cores=2) == 2
+
+
+@pytest.mark.parametrize(
+    "overrides, jobs",
+    [
+        (["seed=0", "model=tiny"], 1),
+        (["seed=0,1,2", "ablation=none,random_credit"], 6),
+        (["seed=range(0,4)", "rl.lr=1e-4"], 4),
+        (["task=glob(crafting_*)"], None),  # only Hydra knows what a glob matches
+    ],
+)
+def test_the_job_count_of_a_sweep_is_the_product_of_its_sweeps(overrides, jobs):
+    assert sweep_jobs(overrides) == jobs
+
+
+def test_the_sweep_callback_counts_command_line_and_sweeper_params(monkeypatch):
+    monkeypatch.setenv(SWEEP_JOBS_ENV, "0")  # undone after the test, whatever the callback sets
+    config = OmegaConf.create(
+        {
+            "hydra": {
+                "overrides": {"task": ["seed=0,1"]},
+                "sweeper": {"params": {"rl.lr": "1e-4,1e-5,1e-6"}},
+            }
+        }
+    )
+    SweepJobs().on_multirun_start(config)
+    assert os.environ[SWEEP_JOBS_ENV] == "6"

@@ -86,6 +86,7 @@ def test_children_params_have_no_paths_or_none_and_name_their_setting(sweep):
         assert params["ablation"] in ("none", "random_credit") and params["experiment"] == "none"
         assert params["agents/roles"] == "logger,miner,smith"
         assert int(params["agents/agent0_logger/params"]) > 0
+        assert params["system/torch_threads"] == "1"  # OMP_NUM_THREADS=1, a sequential sweep
         assert child.data.tags[tracking.OVERRIDES_TAG].startswith("debug=smoke ablation=")
         assert "epoch" not in child.data.metrics and "update" not in child.data.metrics
         assert any(key.startswith("system/cpu") for key in child.data.metrics), "no system metrics"

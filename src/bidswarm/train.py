@@ -1,6 +1,6 @@
 """Train a swarm with MPT (or a baseline): SFT cold start, RL, held-out evaluation.
 
-python -m bidswarm.train                       # the default: tiny model, iron pickaxe
+python -m bidswarm.train                       # the default: tiny model, wooden pickaxe
 python -m bidswarm.train debug=smoke           # the whole pipeline in under a minute
 python -m bidswarm.train -m ablation=random_credit,round_robin seed=0,1,2
 """
@@ -28,6 +28,7 @@ from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
 from bidswarm.lit.strategy import explain_stop
 from bidswarm.run.phases import Run
 from bidswarm.run.preflight import checked_at_hydra_start, preflight
+from bidswarm.sweep import SWEEP_JOBS_ENV
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -104,16 +105,24 @@ def explain_distributed_failure(error: BaseException, run_dir: Path) -> None:
     )
 
 
-def threads_per_job(hydra_cfg: DictConfig, cores: int | None = None) -> int | None:
+def threads_per_job(
+    hydra_cfg: DictConfig, cores: int | None = None, sweep_jobs: int | None = None
+) -> int | None:
     """Intra-op threads of a job of a parallel local sweep (joblib launcher, ``n_jobs`` jobs
     at once): its share of the ``cores`` this process may run on; None otherwise (torch's
-    default). Jobs that each take every core make their threads spin-wait on each other
-    (measured: a SmolLM2 rollout 20x slower with two such jobs on 2 cores)."""
+    default). ``sweep_jobs``, the number of jobs the sweep makes (by default what
+    :class:`bidswarm.sweep.SweepJobs` counted), caps the jobs that share: a one-job sweep
+    keeps every core. Jobs that each take every core make their threads spin-wait on each
+    other (measured: a SmolLM2 rollout 20x slower with two such jobs on 2 cores)."""
     if hydra_cfg.mode != RunMode.MULTIRUN or "joblib" not in hydra_cfg.launcher.get("_target_", ""):
         return None
     cores = cores or len(os.sched_getaffinity(0))
     n_jobs = hydra_cfg.launcher.n_jobs
     jobs = cores if n_jobs < 1 else min(n_jobs, cores)  # joblib: -1 means one job per core
+    if sweep_jobs is None and os.environ.get(SWEEP_JOBS_ENV, "").isdigit():
+        sweep_jobs = int(os.environ[SWEEP_JOBS_ENV])
+    if sweep_jobs:
+        jobs = min(jobs, sweep_jobs)
     return max(1, cores // jobs)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.loggers import Logger, MLFlowLogger
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -92,6 +93,7 @@ class Run:
             self.logger.log_hyperparams(
                 tracking.run_params(self.cfg, tracking.hydra_choices())
                 | recording.population_params(self.population)
+                | {"system/torch_threads": torch.get_num_threads()}
             )
             config_file = self.run_dir / "resolved_config.yaml"
             config_file.write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
