@@ -397,6 +397,22 @@ def test_rl_gain_and_participation_shift_per_strategy():
     assert tables.rl_gain_table(reading.group_by_strategy([trained("x", 0, {0: 1.0})])) == ""
 
 
+def test_milestones_show_where_the_swarm_stalls_in_the_order_most_episodes_reach_them():
+    runs = []
+    for seed, log in ((0, 0.6), (1, 0.8)):
+        run = trained("mpt", seed, {0: 1.0})
+        run.milestones = {
+            "before": {"oak_log": log, "stick": 0.1, "wooden_pickaxe": 0.0},
+            "after": {"oak_log": 1.0, "stick": 0.5, "wooden_pickaxe": 0.3},
+        }
+        runs.append(run)
+    unmeasured = trained("flat", 0, {0: 1.0})
+    funnel = tables.milestone_table(reading.group_by_strategy([*runs, unmeasured]))
+    assert "| mpt | oak_log 70% → 100%; stick 10% → 50%; wooden_pickaxe 0% → 30% | 2 |" in funnel
+    assert "flat" not in funnel, "a run without milestone metrics has no row"
+    assert tables.milestone_table(reading.group_by_strategy([unmeasured])) == ""
+
+
 def test_task_success_after_sft_and_after_rl_read_from_mlflow_and_paired_on_worlds(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -412,6 +428,7 @@ def test_task_success_after_sft_and_after_rl_read_from_mlflow_and_paired_on_worl
             client.log_metric(run_id, f"eval_{when}/pass_at_3/mean", mean)
             client.log_metric(run_id, f"eval_{when}/pass_at_1/mean", mean / 2)
             client.log_metric(run_id, f"eval_{when}/task/success", mean / 2)
+            client.log_metric(run_id, f"eval_{when}/task/milestone/stick", 2 * share)
     # Logged before per-world pass@k existed: the gain's interval is over its runs.
     for seed, gain in ((0, 0.1), (1, 0.3)):
         run_id = log_training_run(client, experiment_id, f"credit=x,seed={seed}", [1.0, 2.0])
@@ -422,6 +439,7 @@ def test_task_success_after_sft_and_after_rl_read_from_mlflow_and_paired_on_worl
     mpt = next(r for r in results if r.strategy == reading.DEFAULT_STRATEGY)
     assert sorted(mpt.world_success) == ["after", "before"]
     assert mpt.world_success["after"][3][1] == pytest.approx(0.5 + 0.05 * mpt.training_seed)
+    assert mpt.milestones == {"before": {"stick": 0.2}, "after": {"stick": 0.8}}
     table = tables.success_gain_table(reading.group_by_strategy(results))
     # Every cell gains exactly 30 points: the paired cluster bootstrap interval is a point.
     mpt_row = "| 10% → 25% | 10% → 25% | 20% → 50% | +30.0 | +30.0 .. +30.0 | 3 |"

@@ -43,6 +43,7 @@ from bidswarm.report.tables import (
     budget_table,
     difference_table,
     markdown_table,
+    milestone_table,
     outcome_table,
     participation_at_table,
     participation_table,
@@ -79,6 +80,7 @@ def write_report(
         success_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),
+        milestone_table(groups),
         winning_bid_table(groups),
         outcome_table(groups, reference),
     )

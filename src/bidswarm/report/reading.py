@@ -96,6 +96,9 @@ class RunResult:
     """``before`` / ``after`` RL (training runs) or ``eval`` (evaluation runs) -> role -> bid
     level (``0.8``) or ``mean`` -> that held-out ``bids/winning/<role>/<level>`` (empty: the
     rule records no winning bids)."""
+    milestones: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``before`` / ``after`` RL -> milestone -> share of held-out episodes that reached it
+    (``eval_<when>/task/milestone/<name>``; empty: the task logs no milestones)."""
 
 
 def strategy_of(run_name: str) -> str:
@@ -246,20 +249,10 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
     participation = {
-        when: {
-            key.rsplit("/", 1)[1]: value
-            for key, value in metrics.items()
-            if key.startswith(f"eval_{when}/participation/")
-        }
-        for when in ("before", "after")
+        when: under(metrics, f"eval_{when}/participation/") for when in ("before", "after")
     }
     for when in ("before", "after"):
-        prefix = f"eval_{when}/participation_at/"
-        participation[f"{when}_at"] = {
-            key.removeprefix(prefix): value
-            for key, value in metrics.items()
-            if key.startswith(prefix)
-        }
+        participation[f"{when}_at"] = under(metrics, f"eval_{when}/participation_at/")
     success = {
         when: found
         for when in ("before", "after")
@@ -291,19 +284,24 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             for when in ("before", "after")
             if (bids := winning_bids_of(metrics, f"eval_{when}"))
         },
+        milestones={
+            when: found
+            for when in ("before", "after")
+            if (found := under(metrics, f"eval_{when}/task/milestone/"))
+        },
     )
+
+
+def under(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    """The metrics whose names start with ``prefix``, keyed by the rest of the name."""
+    return {name.removeprefix(prefix): v for name, v in metrics.items() if name.startswith(prefix)}
 
 
 def success_of(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     """``task/success`` and every ``pass_at_<k>/mean`` among the metrics under ``prefix``."""
-    found = {
-        name.removeprefix(prefix): value
-        for name, value in metrics.items()
-        if name.startswith(prefix)
-    }
     return {
         name: value
-        for name, value in found.items()
+        for name, value in under(metrics, prefix).items()
         if name == "task/success" or (name.startswith("pass_at_") and name.endswith("/mean"))
     }
 

@@ -293,6 +293,46 @@ def participation_table(groups: dict[str, list[RunResult]]) -> str:
     return "\n".join(header + rows)
 
 
+def milestone_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: per strategy, the share of held-out episodes that reached each milestone of
+    the task, after SFT -> after RL, mean over the runs that logged it, the milestones in the
+    order the most episodes reach them after RL (for a recipe chain: where the swarm stalls);
+    empty when no run logged milestones."""
+    rows = []
+    for strategy, results in groups.items():
+        measured = [r for r in results if r.milestones.get("after")]
+        if not measured:
+            continue
+        after = {
+            m: mean_share(measured, "after", m) for r in measured for m in r.milestones["after"]
+        }
+        parts = []
+        for milestone in sorted(after, key=lambda m: (-after[m], m)):
+            before = mean_share(measured, "before", milestone)
+            shown = f"{100 * before:.0f}% → " if before is not None else ""
+            parts.append(f"{milestone} {shown}{100 * after[milestone]:.0f}%")
+        rows.append(f"| {strategy} | {'; '.join(parts)} | {len(measured)} |")
+    if not rows:
+        return ""
+    header = [
+        "Milestones on the held-out worlds (share of episodes that reached each), after SFT → "
+        "after RL, mean over runs, in the order most episodes reach them.",
+        "",
+        "| strategy | milestones | runs |",
+        "|---|---|---|",
+    ]
+    return "\n".join(header + rows)
+
+
+def mean_share(results: list[RunResult], when: str, milestone: str) -> float | None:
+    """Mean over ``results`` of the share of episodes that reached ``milestone`` in the
+    held-out evaluation ``when`` (``before`` / ``after`` RL); None if no run logged it."""
+    shares = [
+        r.milestones[when][milestone] for r in results if milestone in r.milestones.get(when, {})
+    ]
+    return sum(shares) / len(shares) if shares else None
+
+
 def participation_at_table(groups: dict[str, list[RunResult]]) -> str:
     """Who acts at fixed decisions (``participation_at/<d>/<role>``) on the held-out worlds,
     after SFT -> after RL, mean over runs; empty when no run logged it."""
