@@ -8,7 +8,7 @@ runs the auction of ``algorithms``); then the coordination rules
 validation import no torch either); ``agents`` and ``tracking``; ``rollout`` (the collector);
 ``lit`` (the learners); ``run``, ``train``, ``evaluate`` and ``report`` on top. A module may
 import its own layer's package or any lower layer. A package is one layer whatever its modules
-(``run/``: phases, preflight, resume, build, demonstrations, recording).
+(``run/``: phases, preflight, resume, build, demonstrations, recording, threads).
 """
 
 from __future__ import annotations

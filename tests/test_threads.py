@@ -9,8 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from bidswarm.sweep import SWEEP_JOBS_ENV, SweepJobs, sweep_jobs
-from bidswarm.train import threads_per_job
+from bidswarm.run.threads import SWEEP_JOBS_ENV, SweepJobs, sweep_jobs, threads_per_job
 from conftest import ROOT
 
 
@@ -36,8 +35,8 @@ def test_a_single_run_or_a_sequential_sweep_keeps_torchs_default():
 def test_a_sweep_of_fewer_jobs_than_n_jobs_gives_each_job_more_threads(monkeypatch):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     node = hydra_node("hydra/launcher=local", "hydra.launcher.n_jobs=2", "hydra.mode=MULTIRUN")
-    assert threads_per_job(node, cores=8, sweep_jobs=1) == 8
-    assert threads_per_job(node, cores=8, sweep_jobs=5) == 4
+    assert threads_per_job(node, cores=8, jobs_in_sweep=1) == 8
+    assert threads_per_job(node, cores=8, jobs_in_sweep=5) == 4
     monkeypatch.setenv(SWEEP_JOBS_ENV, "1")  # what SweepJobs tells the launcher's jobs
     assert threads_per_job(node, cores=2) == 2
 

@@ -23,42 +23,6 @@ from bidswarm.tracking import (
     tracking_uri,
 )
 
-SWEEP_JOBS_ENV = "BIDSWARM_SWEEP_JOBS"
-"""How many jobs the sweep makes, set by :class:`SweepJobs` for the jobs the launcher starts."""
-
-
-def sweep_jobs(overrides: list[str]) -> int | None:
-    """How many jobs a sweep of these overrides makes: the product of each sweep's number of
-    values. None where Hydra alone can expand a sweep (``glob(...)``) or parse the overrides."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        jobs = 1
-        for override in parsed:
-            if override.is_sweep_override():
-                jobs *= len(list(override.sweep_string_iterator()))
-        return jobs
-    except Exception:
-        return None
-
-
-class SweepJobs(Callback):
-    """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): in the launcher's process,
-    before any job, the number of jobs of the sweep (its command line's overrides and
-    ``hydra.sweeper.params``) reaches the jobs through :data:`SWEEP_JOBS_ENV`, so that a sweep
-    of fewer jobs than the launcher's ``n_jobs`` gives each of them more threads
-    (``bidswarm.train.threads_per_job``)."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        params = config.hydra.sweeper.get("params") or {}
-        overrides = [*config.hydra.overrides.task, *(f"{k}={v}" for k, v in params.items())]
-        jobs = sweep_jobs(overrides)
-        if jobs is None:
-            os.environ.pop(SWEEP_JOBS_ENV, None)
-        else:
-            os.environ[SWEEP_JOBS_ENV] = str(jobs)
-
 
 class SweepParent(Callback):
     """Hydra callback (``hydra.callbacks`` of ``conf/train.yaml``): in the launcher's process,

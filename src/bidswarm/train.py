@@ -18,7 +18,6 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
@@ -28,7 +27,7 @@ from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
 from bidswarm.lit.strategy import explain_stop
 from bidswarm.run.phases import Run
 from bidswarm.run.preflight import checked_at_hydra_start, preflight
-from bidswarm.sweep import SWEEP_JOBS_ENV
+from bidswarm.run.threads import threads_per_job
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -103,27 +102,6 @@ def explain_distributed_failure(error: BaseException, run_dir: Path) -> None:
         f"{type(error).__name__}: {reason}",
         run_dir,
     )
-
-
-def threads_per_job(
-    hydra_cfg: DictConfig, cores: int | None = None, sweep_jobs: int | None = None
-) -> int | None:
-    """Intra-op threads of a job of a parallel local sweep (joblib launcher, ``n_jobs`` jobs
-    at once): its share of the ``cores`` this process may run on; None otherwise (torch's
-    default). ``sweep_jobs``, the number of jobs the sweep makes (by default what
-    :class:`bidswarm.sweep.SweepJobs` counted), caps the jobs that share: a one-job sweep
-    keeps every core. Jobs that each take every core make their threads spin-wait on each
-    other (measured: a SmolLM2 rollout 20x slower with two such jobs on 2 cores)."""
-    if hydra_cfg.mode != RunMode.MULTIRUN or "joblib" not in hydra_cfg.launcher.get("_target_", ""):
-        return None
-    cores = cores or len(os.sched_getaffinity(0))
-    n_jobs = hydra_cfg.launcher.n_jobs
-    jobs = cores if n_jobs < 1 else min(n_jobs, cores)  # joblib: -1 means one job per core
-    if sweep_jobs is None and os.environ.get(SWEEP_JOBS_ENV, "").isdigit():
-        sweep_jobs = int(os.environ[SWEEP_JOBS_ENV])
-    if sweep_jobs:
-        jobs = min(jobs, sweep_jobs)
-    return max(1, cores // jobs)
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="train")

@@ -8,6 +8,7 @@
 | ``build`` | the run's population and its rollout loop (also used by ``bidswarm.evaluate``) |
 | ``demonstrations`` | the experts' demonstrations: SFT data, the action-token limit |
 | ``recording`` | the MLflow logger, artifacts, transcripts, trained agents, the summary |
+| ``threads`` | the torch threads of a run: a parallel local sweep's jobs share the cores |
 
 Everything a resumed (or DDP child) process needs to pick the run up again lives in the run
 folder: ``state.json`` (phases done, held-out results, MLflow run id), ``sft/`` (the population
