@@ -43,13 +43,17 @@ OVERRIDES = (
 )
 """What the canary runs: ``python -m bidswarm.train`` with these overrides (~20 s on 2 cores)."""
 
-RELATIVE_TOLERANCE = 1e-5
-"""Float noise below this is not a change; a sampled token that flips moves far more."""
+RELATIVE_TOLERANCE = 1e-3
+"""Float noise below this is not a change; a sampled token that flips moves far more. The
+same commit measures up to 2.1e-4 apart on CPUs of other vector widths (AVX2 against AVX512:
+an agent's bid loss, after an SFT loss 2e-5 apart)."""
 
 
 def is_pinned(name: str) -> bool:
-    """Wall-clock times and memory vary from run to run; everything else is computed."""
-    return not name.startswith(("time/", "memory/", "system/"))
+    """Wall-clock times and memory vary from run to run, and ``engine/*`` (the rollout
+    engine's log-probs against the learner's: ~1e-7, float noise of the kernels) from CPU to
+    CPU; everything else is computed."""
+    return not name.startswith(("time/", "memory/", "system/", "engine/"))
 
 
 def run_canary(folder: Path) -> dict[str, float]:
