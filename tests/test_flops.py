@@ -12,7 +12,14 @@ from bidswarm.agents.population import Population
 from bidswarm.lit.sft import AgentPlan, SFTExample, sft_budget
 from bidswarm.rollout.swarm import _generated_tokens
 from bidswarm.rollout.usage import Usage
-from test_agents import ROLES, corpus, shared_header_prompts, tiny_config, varied_agent
+from test_agents import (
+    ROLES,
+    corpus,
+    hf_decoder,
+    shared_header_prompts,
+    tiny_config,
+    varied_agent,
+)
 
 HIDDEN, INTERMEDIATE, LAYERS = 32, 64, 2  # tiny_config()'s shape
 
@@ -53,7 +60,7 @@ def test_a_lora_token_trains_the_adapter_at_six_and_backpropagates_through_the_b
 def test_a_fully_fine_tuned_agent_counts_every_weight_as_trained():
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(tiny_config(), corpus())
-    agent = AgentPolicy(model, tokenizer, "logger")
+    agent = AgentPolicy(model, tokenizer, "logger", max_prompt_tokens=768)
     tied = model.config.tie_word_embeddings
     assert agent.parameter_counts() == ParameterCounts(0, llama_weights(len(tokenizer), tied))
 
@@ -87,13 +94,14 @@ def test_sft_flops_follow_the_same_rate():
 def test_a_prompt_prefix_computed_once_is_counted_once():
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(tiny_config(), corpus())
-    agent = varied_agent(AgentPolicy(model, tokenizer, "logger"))
+    agent = varied_agent(AgentPolicy(model, tokenizer, "logger", max_prompt_tokens=768))
+    decoder = hf_decoder(agent)
     prompts = shared_header_prompts()
     rows = agent.encode_prompts(prompts)
-    agent.min_shared_prefix = 10**6  # never share
-    apart = agent.generate(prompts, max_new_tokens=4, temperature=0.0)
-    agent.min_shared_prefix = 8
-    shared = agent.generate(prompts, max_new_tokens=4, temperature=0.0)
+    decoder.min_shared_prefix = 10**6  # never share
+    apart = decoder.generate(rows, max_new_tokens=4, temperature=0.0)
+    decoder.min_shared_prefix = 8
+    shared = decoder.generate(rows, max_new_tokens=4, temperature=0.0)
     prefix = shared[0].shared_prefix
     assert prefix >= 8 and all(g.shared_prefix == prefix for g in shared)
     assert all(g.shared_prefix == 0 for g in apart)

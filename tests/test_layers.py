@@ -5,7 +5,8 @@ Bottom: ``checks`` (the ``key=value: what is allowed`` lines every config check 
 ``algorithms`` (pure math), ``statistics``, ``plots``; then ``envs`` (a task's PettingZoo view
 runs the auction of ``algorithms``); then the coordination rules
 (pure decisions: they import no collector, no model, no torch); ``config`` (its schemas and
-validation import no torch either); ``agents`` and ``tracking``; ``rollout`` (the collector);
+validation import no torch either); ``agents`` and ``tracking``; ``engines`` (what generates
+rollouts with the agents' weights); ``rollout`` (the collector);
 ``lit`` (the learners); ``run``, ``train``, ``evaluate`` and ``report`` on top. A module may
 import its own layer's package or any lower layer. A package is one layer whatever its modules
 (``run/``: phases, preflight, resume, build, demonstrations, recording, threads).
@@ -31,14 +32,15 @@ LAYERS = {
     "config": 4,
     "agents": 5,
     "tracking": 5,
-    "rollout": 6,
-    "lit": 7,
-    "transcripts": 7,
-    "run": 8,  # the package: its phases and the checks, builders and records they use
-    "train": 9,
-    "evaluate": 9,
-    "report": 9,
-    "sweep": 10,
+    "engines": 6,  # rollout engines: generate with the agents' weights
+    "rollout": 7,
+    "lit": 8,
+    "transcripts": 8,
+    "run": 9,  # the package: its phases and the checks, builders and records they use
+    "train": 10,
+    "evaluate": 10,
+    "report": 10,
+    "sweep": 11,
 }
 """The layer of each top-level module or package of ``bidswarm``."""
 

@@ -15,6 +15,7 @@ from bidswarm.algorithms.credit import CreditConfig, make_credit
 from bidswarm.algorithms.losses import reinforce_loss
 from bidswarm.config import RLConfig
 from bidswarm.coordination.auction import Auction
+from bidswarm.engines.hf import HFDecoder
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.evaluate import build_loop
 from bidswarm.lit.callbacks import LAST
@@ -23,6 +24,7 @@ from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.swarm import Swarm
+from conftest import hf_engine
 from test_agents import ROLES, corpus, tiny_config
 from test_evaluate import evaluation_config
 from test_train import run_cli
@@ -90,7 +92,12 @@ def test_a_lora_population_saves_adapters_and_loads_back(swarm, tmp_path):
     assert len({id(agent.model) for agent in loaded}) == 1
     for want, got in zip(expected, reply_logprobs(loaded), strict=True):
         torch.testing.assert_close(got, want)
-    generated = [a.generate(["logger bid: step 3 ->"], 4, 0.0) for a in (swarm[2], loaded[2])]
+    generated = [
+        HFDecoder(a, "auto", False, None).generate(
+            a.encode_prompts(["logger bid: step 3 ->"]), 4, 0.0
+        )
+        for a in (swarm[2], loaded[2])
+    ]
     assert generated[0] == generated[1]
 
 
@@ -163,7 +170,7 @@ def learner_of(population: Population) -> SwarmModule:
     prompts = PromptTemplate.for_env(env, "compact", population[0].tokenizer, levels)
     loop = RolloutLoop(
         lambda: CraftingEnv(CraftingConfig(max_decisions=6)),
-        Swarm(population, prompts, 3, 6, 1.0),
+        Swarm(population, prompts, 3, 6, 1.0, hf_engine()),
         Auction(),
     )
     collector = Collector(

@@ -15,7 +15,7 @@ from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.rollout.swarm import Swarm
 from bidswarm.rollout.usage import Usage
 from bidswarm.run.build import build_rollout_loop
-from conftest import CONF
+from conftest import CONF, hf_engine
 from test_agents import ROLES, corpus, tiny_config
 
 register_configs()
@@ -47,7 +47,7 @@ def lora_swarm(adapter: str, temperature: float) -> Swarm:
                     parameter.normal_(0.0, 0.3)
     env = CraftingEnv(CraftingConfig(max_decisions=6))
     prompts = PromptTemplate.for_env(env, "compact", population[0].tokenizer, [0.0, 0.5, 1.0])
-    return Swarm(population, prompts, 3, 6, temperature)
+    return Swarm(population, prompts, 3, 6, temperature, hf_engine())
 
 
 def worlds(seeds: range) -> list[CraftingEnv]:
@@ -128,9 +128,12 @@ def test_the_run_config_sets_how_every_agent_decodes():
     loop = build_rollout_loop(cfg, population)
     assert loop.swarm.population is population
     for agent in population:
-        assert agent.rollout_dtype == torch.bfloat16
-        assert agent.kv_cache == "static" and agent.compile_decode
+        decoder = loop.swarm.engine.decoder(agent)
+        assert decoder.rollout_dtype == torch.bfloat16
+        assert decoder.kv_cache == "static" and decoder.compile_decode
     default = build_rollout_loop(compose_train([]), population)
+    assert default.swarm.engine.name == "hf"
     for agent in default.swarm.population:
-        assert agent.rollout_dtype is None
-        assert agent.kv_cache == "auto" and not agent.compile_decode
+        decoder = default.swarm.engine.decoder(agent)
+        assert decoder.rollout_dtype is None
+        assert decoder.kv_cache == "auto" and not decoder.compile_decode

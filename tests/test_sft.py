@@ -13,6 +13,7 @@ import torch
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.config import ModelConfig, SFTConfig, SFTMatch, TinyArchConfig
+from bidswarm.engines import PromptBatch
 from bidswarm.envs.experts import Demonstration, format_bid
 from bidswarm.lit.sft import (
     SFTModule,
@@ -22,6 +23,7 @@ from bidswarm.lit.sft import (
     run_sft,
     sft_budget,
 )
+from conftest import hf_engine
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 ROLES = ["logger", "miner", "smith"]
@@ -85,7 +87,9 @@ def greedy_match_rate(population, template, demos, role_of_demos=None) -> dict[i
             else template.action(d.role, d.observation)
             for d in own
         ]
-        replies = agent.generate(prompts, max_new_tokens=6, temperature=0.0)
+        replies = hf_engine().generate(
+            [PromptBatch(agent, agent.encode_prompts(prompts))], 6, 0.0, None
+        )[0]
         rates[index] = sum(r.text == d.reply for r, d in zip(replies, own, strict=True)) / len(own)
     return rates
 
@@ -113,7 +117,8 @@ def test_sft_teaches_each_agent_its_own_role():
     # The logger never learnt the smith's reply: it is not among its greedy answers.
     logger = population[0]
     smith_prompts = [template.action("smith", d.observation) for d in heldout if d.role == "smith"]
-    assert all(g.text != ACTIONS["smith"] for g in logger.generate(smith_prompts, 6, 0.0))
+    batch = PromptBatch(logger, logger.encode_prompts(smith_prompts))
+    assert all(g.text != ACTIONS["smith"] for g in hf_engine().generate([batch], 6, 0.0, None)[0])
 
 
 def test_the_bid_parse_rate_before_and_after_sft():
@@ -124,7 +129,7 @@ def test_the_bid_parse_rate_before_and_after_sft():
     population, template = build(ROLES, train)
 
     def rate() -> float | None:
-        return bid_parse_rate(population, train, template, 3, 1.0, seed=0)
+        return bid_parse_rate(population, train, template, 3, 1.0, seed=0, engine=hf_engine())
 
     before = rate()
     assert rate() == before
@@ -133,7 +138,7 @@ def test_the_bid_parse_rate_before_and_after_sft():
     after = rate()
     assert before < 0.3 and after > 0.8, (before, after)
     monolithic, template = build([None], train)
-    assert bid_parse_rate(monolithic, train, template, 3, 1.0, seed=0) is None
+    assert bid_parse_rate(monolithic, train, template, 3, 1.0, 0, hf_engine()) is None
 
 
 def action_copies(demos: list[Demonstration]) -> list[tuple[str, int, int]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from contextlib import contextmanager
+from dataclasses import replace
 from types import SimpleNamespace
 
 import lightning as L
@@ -29,7 +30,7 @@ from bidswarm.rollout.forks import choose_fork_steps, fork_pairs, forkable_steps
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, PreferencePair, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
-from conftest import tiny_crafting_swarm
+from conftest import hf_engine, tiny_crafting_swarm
 
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
@@ -198,6 +199,7 @@ def action_batch(module: SwarmModule, agent: int = 1) -> ActionBatch:
         [r.reply_ids for r in rows],
         [5.0, 0.0, 1.5, -2.0, 3.0, 0.5, 0.0, 4.0],
         [0, 1, 2, 3, 0, 1, 2, 3],
+        [r.sampled_logprobs for r in rows],
     )
 
 
@@ -283,6 +285,8 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights, kl
         [policy.encode_reply(level) for level in levels],
         [policy.encode_reply(level) for level in reversed(levels)],
         weights,
+        [()] * len(levels),
+        [()] * len(levels),
     )
 
     def loss_of(batch, backward):
@@ -581,7 +585,7 @@ def bidding_swarm() -> Swarm:
             optimizer.step()
     policy = population.agents[0]
     longest = max(len(policy.encode_reply(prompts.reply_text(f"{b:.1f}"))) for b in LEVELS)
-    return Swarm(population, prompts, longest + 1, 12, 1.0)
+    return Swarm(population, prompts, longest + 1, 12, 1.0, hf_engine())
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
@@ -714,7 +718,7 @@ def test_kl_to_a_reference_equal_to_the_policy_adds_nothing(module, rl):
 
 def test_without_a_baseline_equal_credits_still_give_a_gradient(module, rl):
     batch = action_batch(module)
-    equal = ActionBatch(batch.agent, batch.prompt_ids, batch.reply_ids, [2.0] * 8, batch.decisions)
+    equal = replace(batch, credit=[2.0] * 8)
     module.rl = RLConfig()
     assert gradient_of(module, module.action_loss, equal)[:-1].abs().sum() == 0
     module.rl = RLConfig(baseline="none")
@@ -727,9 +731,9 @@ def test_role_decision_baselines_group_the_updates_rows_by_role_and_decision():
     roles[2] = SimpleNamespace(role="miner")
     learner = SimpleNamespace(rl=RLConfig(baseline="role_decision_mean"), population=roles)
     batches = [
-        ActionBatch(0, [[1]] * 3, [[2]] * 3, [1.0, 2.0, 6.0], [0, 1, 5]),
-        ActionBatch(1, [[1]] * 2, [[2]] * 2, [3.0, 10.0], [0, 1]),
-        ActionBatch(2, [[1]] * 2, [[2]] * 2, [7.0, 9.0], [0, 0]),
+        ActionBatch(0, [[1]] * 3, [[2]] * 3, [1.0, 2.0, 6.0], [0, 1, 5], [()] * 3),
+        ActionBatch(1, [[1]] * 2, [[2]] * 2, [3.0, 10.0], [0, 1], [()] * 2),
+        ActionBatch(2, [[1]] * 2, [[2]] * 2, [7.0, 9.0], [0, 0], [()] * 2),
     ]
     found = SwarmModule.role_decision_baselines(learner, batches)
     assert found == {0: [2.0, 6.0, None], 1: [2.0, 6.0], 2: [8.0, 8.0]}

@@ -99,8 +99,9 @@ def population_folder(run_dir: Path, source: str) -> Path:
 def resolve_from_run(cfg: DictConfig) -> DictConfig:
     """The evaluation config with ``task``/``model``/``coordination`` filled and typed.
 
-    A group left at None takes the training run's section; every section is checked against
-    its schema so a wrong key fails here, naming it.
+    A group left at None takes the training run's section; keys given without the group (a
+    section without ``name``: ``+model.engine=vllm``) change the training run's section; every
+    section is checked against its schema so a wrong key fails here, naming it.
     """
     run_dir = Path(cfg.run_dir)
     if not run_dir.is_dir():
@@ -110,10 +111,10 @@ def resolve_from_run(cfg: DictConfig) -> DictConfig:
     sections = {}
     for key in ("task", "model", "coordination"):
         section = cfg[key]
-        if section is None:
+        if section is None or "name" not in section:
             if trained is None:
                 raise FileNotFoundError(f"{trained_path} is missing: pass {key}=... explicitly")
-            section = trained[key]
+            section = trained[key] if section is None else OmegaConf.merge(trained[key], section)
         sections[key] = section
     if sections["task"].name not in TASKS:
         raise ValueError(f"task.name={sections['task'].name!r}: unknown; known: {sorted(TASKS)}")
@@ -269,7 +270,10 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     env = loop.make_env()
     seeds = env.heldout_seeds()[: cfg.max_seeds]
     runs = max(cfg.runs_per_seed, cfg.pass_k or 0)
-    evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size)
+    try:
+        evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size)
+    finally:
+        loop.swarm.engine.close()
     decisions = sum(len(e.steps) for e in evaluation.episodes)
     metrics = (
         evaluation.metrics

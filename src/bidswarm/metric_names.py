@@ -51,6 +51,11 @@ SFT_BID_PARSE_RATE = "sft/bid_parse_rate"
 (at the model's temperature), to the prompts of each bidding agent's own bid demonstrations
 (up to :data:`bidswarm.lit.sft.PARSE_PROBE_PROMPTS` per agent), before and after the SFT cold
 start (:func:`bidswarm.lit.sft.bid_parse_rate`)."""
+ENGINE_LOGPROB_GAP_MEAN = "engine/logprob_gap_mean"
+"""Mean |learner - engine| log-prob per sampled token the update trained on (the engine's
+log-probs as it sampled; ``lit/sampler_mismatch.py``)."""
+ENGINE_LOGPROB_GAP_MAX = "engine/logprob_gap_max"
+"""The largest |learner - engine| log-prob of a sampled token the update trained on."""
 EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"

@@ -23,7 +23,8 @@ from omegaconf import DictConfig
 
 from bidswarm import console
 from bidswarm.config import refuse_unknown_choices, register_configs
-from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted
+from bidswarm.engines.vllm_engine import EngineStopped
+from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted, resume_checkpoint
 from bidswarm.lit.strategy import explain_stop
 from bidswarm.run.phases import Run
 from bidswarm.run.preflight import checked_at_hydra_start, preflight
@@ -62,6 +63,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     except BaseException as error:
         run.close(status="FAILED")
         explain_distributed_failure(error, run.run_dir)
+        if isinstance(error, EngineStopped):
+            explain_engine_stop(run.run_dir)
         raise
     run.close(status="FINISHED")
     return result
@@ -88,6 +91,16 @@ def slurm_job_id() -> str | None:
     if "SLURM_ARRAY_JOB_ID" in os.environ and "SLURM_ARRAY_TASK_ID" in os.environ:
         return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ.get("SLURM_JOB_ID")
+
+
+def explain_engine_stop(run_dir: Path) -> None:
+    """After the rollout engine's process died: where the run can continue from."""
+    checkpoint = resume_checkpoint(run_dir / "checkpoints", full=False)
+    where = f"from {checkpoint}" if checkpoint else "from its last saved phase (no RL checkpoint)"
+    console.say(
+        f"[bidswarm] the rollout engine (model.engine=vllm) stopped, so the run stopped; "
+        f"continue {where} with resume={run_dir}"
+    )
 
 
 def explain_distributed_failure(error: BaseException, run_dir: Path) -> None:

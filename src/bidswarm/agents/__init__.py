@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from bidswarm.agents.models import load_model_and_tokenizer
-from bidswarm.agents.policy import AgentPolicy, Generation
+from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
 
 __all__ = [
     "AgentPolicy",
-    "Generation",
     "Population",
     "PromptTemplate",
     "build_tokenizer",

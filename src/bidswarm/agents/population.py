@@ -150,7 +150,6 @@ class Population(torch.nn.Module):
                     source.tokenizer,
                     source.role,
                     source.max_prompt_tokens,
-                    source.min_shared_prefix,
                     adapter=name,
                 )
             )
@@ -239,11 +238,7 @@ def save_lora_base(shared: torch.nn.Module, folder: Path) -> None:
     """The frozen base model of a peft model, as a plain HF folder (LoRA layers stripped).
     Written beside ``folder`` and renamed into place: ``folder`` exists only when complete."""
     base = shared.get_base_model()
-    state = {
-        name.replace(".base_layer", ""): tensor
-        for name, tensor in base.state_dict().items()
-        if "lora_" not in name
-    }
+    state = lora_base_state(shared)
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(base.config, dtype=base.dtype)
     plain.load_state_dict(state, assign=True)
@@ -251,3 +246,13 @@ def save_lora_base(shared: torch.nn.Module, folder: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     plain.save_pretrained(partial)
     os.replace(partial, folder)
+
+
+def lora_base_state(shared: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base model's weights of a peft model under the plain model's names (LoRA
+    layers stripped): what :func:`save_lora_base` writes and a rollout engine serves."""
+    return {
+        name.replace(".base_layer", ""): tensor
+        for name, tensor in shared.get_base_model().state_dict().items()
+        if "lora_" not in name
+    }

@@ -116,6 +116,7 @@ def reinforce_loss(
     normalization: Normalization | str = Normalization.token_mean,
     baseline: Tensor | None = None,
     normalizer: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Eq. 2 of MPT: the REINFORCE loss of ONE agent on its action tokens.
 
@@ -134,6 +135,8 @@ def reinforce_loss(
         normalizer: the whole batch's action tokens (``token_mean``) or rows (``sequence_sum``)
             (None: those of these rows). The losses of a batch's micro-batches, each with the
             batch's baseline and normalizer, sum to the loss of the whole batch.
+        token_weights: a weight per token, shape [B, L] (data, no gradient; None: all 1), e.g.
+            :func:`truncated_importance_weights` (``rl.importance_cap``).
 
     Returns:
         {"loss_action": scalar, "advantage_abs_mean": scalar, detached}.
@@ -159,6 +162,8 @@ def reinforce_loss(
     advantages = credits - (credits.mean() if baseline is None else baseline.detach())
     # where() rather than a product so that -inf log-probs on masked-out padding stay harmless.
     masked_logprobs = torch.where(mask > 0, token_logprobs * mask, torch.zeros_like(mask))
+    if token_weights is not None:
+        masked_logprobs = masked_logprobs * token_weights.detach().to(masked_logprobs.dtype)
     sequence_logprobs = masked_logprobs.sum(dim=1)
     weighted = advantages * sequence_logprobs
     if normalization == Normalization.token_mean:
@@ -167,6 +172,40 @@ def reinforce_loss(
     else:
         loss = -weighted.sum() / (len(weighted) if normalizer is None else normalizer)
     return {"loss_action": loss, "advantage_abs_mean": advantages.abs().mean().detach()}
+
+
+def truncated_importance_weights(
+    learner_logprobs: Tensor, sampled_logprobs: Tensor, present: Tensor, cap: float
+) -> Tensor:
+    """[ours] Truncated importance sampling (TIS) of a sampler/learner mismatch: the weight
+    w = min(pi_learner / pi_sampler, cap) = min(exp(logp_learner - logp_sampler), cap) of each
+    token (or reply) that a rollout engine sampled, 1 where ``present`` is 0 (no sampler
+    log-prob: padding, or a reply the collector wrote). Detached: it reweights the on-policy
+    term, no gradient flows through it. The correction of Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training" (fengyao.notion.site), for rollouts
+    sampled by vLLM in another precision than the trainer's.
+
+    Args:
+        learner_logprobs, sampled_logprobs, present: the same shape ([B, L] per token or [B]
+            per reply); ``present`` is 1 where ``sampled_logprobs`` holds a value.
+        cap: the truncation C > 0.
+
+    Example: learner log 0.5, sampler log 0.25 -> ratio 2, with cap 1.5 -> 1.5.
+    """
+    if not learner_logprobs.shape == sampled_logprobs.shape == present.shape:
+        raise ValueError(
+            "learner_logprobs, sampled_logprobs and present must share one shape, got "
+            f"{tuple(learner_logprobs.shape)}, {tuple(sampled_logprobs.shape)}, "
+            f"{tuple(present.shape)}"
+        )
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap!r}")
+    present = present > 0
+    difference = torch.where(
+        present, learner_logprobs.detach() - sampled_logprobs, torch.zeros_like(sampled_logprobs)
+    )
+    weights = torch.exp(difference).clamp(max=cap)
+    return torch.where(present, weights, torch.ones_like(weights)).detach()
 
 
 def kl_penalty(

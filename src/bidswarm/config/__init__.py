@@ -13,6 +13,7 @@ from bidswarm.config.choices import (
     BidResampling,
     BidSlotWithoutBids,
     DType,
+    Engine,
     ForkSelection,
     ForkSteps,
     KVCache,
@@ -31,6 +32,7 @@ from bidswarm.config.schemas import (
     TinyArchConfig,
     TrainConfig,
     TrainerConfig,
+    VLLMSettings,
     register_configs,
 )
 from bidswarm.config.validation import (
@@ -65,6 +67,7 @@ __all__ = [
     "CoordinationConfig",
     "CreditConfig",
     "DType",
+    "Engine",
     "EvalConfig",
     "ForkSelection",
     "ForkSteps",
@@ -82,6 +85,7 @@ __all__ = [
     "TinyArchConfig",
     "TrainConfig",
     "TrainerConfig",
+    "VLLMSettings",
     "check_machine",
     "refuse_unknown_choices",
     "register_configs",

@@ -155,3 +155,17 @@ class KVCache(str, Enum):
     static = "static"
     auto = "auto"
     __str__ = str.__str__
+
+
+class Engine(str, Enum):
+    """What generates the agents' replies at rollout time (``model.engine``,
+    ``bidswarm.engines``)."""
+
+    hf = "hf"
+    """bidswarm's own decode loop over the agents' transformers models (kept prompt heads,
+    ``model.rollout_dtype`` copy, static KV cache): the default, fastest for tiny models."""
+    vllm = "vllm"
+    """vLLM, in a process of its own environment (``make vllm``), served the weights of every
+    update."""
+
+    __str__ = str.__str__

@@ -24,6 +24,7 @@ from bidswarm.config.choices import (
     BidResampling,
     BidSlotWithoutBids,
     DType,
+    Engine,
     ForkSelection,
     ForkSteps,
     KVCache,
@@ -79,6 +80,25 @@ class LoraSettings:
 
 
 @dataclass
+class VLLMSettings:
+    """The vLLM engine (``model.engine=vllm``, ``engines/vllm_engine.py``)."""
+
+    python: str | None = None
+    """The interpreter of vLLM's environment (None: ``BIDSWARM_VLLM_PYTHON``, else
+    ``.venv-vllm/bin/python`` of the project, which ``make vllm`` installs)."""
+    kv_cache_gib: int = 1
+    """GiB of KV cache per engine on a CPU (``VLLM_CPU_KVCACHE_SPACE``; one engine per fully
+    fine-tuned agent, one per LoRA base). SmolLM2-135M in bfloat16 holds ~46k tokens per GiB."""
+    gpu_memory_utilization: float = 0.5
+    """On a GPU, the share of its memory the engines of a run take together (split among
+    them); the learner's weights, gradients and optimizer states share the same device."""
+    enforce_eager: bool = False
+    """No compiled graphs: a faster start, slower decoding."""
+    start_timeout_s: float = 900.0
+    """The longest wait for the engine process to import vLLM and listen."""
+
+
+@dataclass
 class ModelConfig:
     """Which causal LM every agent is, and how it generates.
 
@@ -119,6 +139,12 @@ class ModelConfig:
     compile_decode: bool = False
     """[ours] Compile the one-token decode step with CUDA graphs (``torch.compile``,
     ``reduce-overhead``) when the KV cache is static on CUDA; without CUDA it does nothing."""
+    engine: Engine = Engine.hf
+    """What generates rollouts (:class:`~bidswarm.config.choices.Engine`): ``hf`` (our decode
+    loop; ``kv_cache``, ``compile_decode`` and ``rollout_dtype`` configure it) or ``vllm``
+    (``vllm``; generates in ``rollout_dtype``, else ``dtype``). The learner's log-probs are the
+    training signal under either."""
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
     torch_threads: int | None = None
     """Intra-op CPU threads (None: torch's default). Tiny models run fastest on one thread:
     their matrices are too small to split, and spinning threads stall on a shared machine."""
@@ -254,6 +280,12 @@ class RLConfig:
     below the runner-up and most forks are dropped (see the ``forks/*`` funnel)."""
     bt_beta: float = 1.0
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
+    importance_cap: float | None = None
+    """[ours] Truncated importance sampling (TIS) of the sampler/learner mismatch: each
+    REINFORCE token's term is weighted by min(pi_learner / pi_engine, cap) of its token, each
+    Bradley-Terry pair by that of the bid reply the engine sampled (both ratios detached);
+    None: off (the paper's plain on-policy terms). For an engine whose log-probs differ from
+    the learner's (vLLM, ``model.rollout_dtype``); logged as ``engine/logprob_gap_*``."""
     checkpoint_every: int = 1
     """Write ``checkpoints/last.ckpt`` (atomically) every this many updates; also after the last
     update, at ``stop_after`` and at the update boundary after SIGTERM / SIGUSR1."""

@@ -77,6 +77,24 @@ def validate(cfg: Any) -> None:
     _rl_problems(cfg, problems)
     _clipping_problems(cfg, problems)
     problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    if cfg.model.engine == "vllm":
+        problems.require(
+            not str(cfg.trainer.strategy).startswith("deepspeed"),
+            "model.engine",
+            cfg.model.engine,
+            f"hf under trainer.strategy={cfg.trainer.strategy}: DeepSpeed writes the weights in "
+            "its own buffers, so the engine would not see an update",
+        )
+        problems.positive("model.vllm.kv_cache_gib", cfg.model.vllm.kv_cache_gib)
+        problems.require(
+            0.0 < cfg.model.vllm.gpu_memory_utilization < 1.0,
+            "model.vllm.gpu_memory_utilization",
+            cfg.model.vllm.gpu_memory_utilization,
+            "a share of the GPU's memory, between 0 and 1",
+        )
+        problems.positive("model.vllm.start_timeout_s", cfg.model.vllm.start_timeout_s)
+    if cfg.rl.importance_cap is not None:
+        problems.positive("rl.importance_cap", cfg.rl.importance_cap)
     if cfg.model.rollout_dtype is not None:
         problems.require(
             not str(cfg.trainer.strategy).startswith("deepspeed"),
@@ -144,7 +162,7 @@ def _model_problems(model: Any, problems: Problems) -> None:
             model.kv_cache,
             "static or auto: model.compile_decode=true needs fixed shapes",
         )
-    if model.rollout_dtype is not None:
+    if model.rollout_dtype is not None and model.engine == "hf":
         problems.require(
             model.adapter == "full",
             "model.rollout_dtype",

@@ -35,6 +35,7 @@ from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.config import SFTConfig, SFTMatch
+from bidswarm.engines import PromptBatch, RolloutEngine
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
 
@@ -88,14 +89,15 @@ def bid_parse_rate(
     max_bid_tokens: int,
     temperature: float,
     seed: int,
+    engine: RolloutEngine,
 ) -> float | None:
     """Share of bid replies that parse to a bid level (:func:`parse_bid`), sampled at
     ``temperature`` by each agent to the prompts of up to :data:`PARSE_PROBE_PROMPTS` of its own
     role's bid demonstrations (a seeded draw, the same before and after SFT); None when no
     agent has bid demonstrations (a monolithic swarm). A pretrained chat model replies free
     text to a bid prompt: this says how much of it the auction can read, before and after the
-    cold start (``sft/bid_parse_rate/before|after``). Its own random streams: it moves no
-    other number of the run."""
+    cold start (``sft/bid_parse_rate/before|after``). Sampled by the run's rollout
+    ``engine``, on its own random streams: it moves no other number of the run."""
     rng = random.Random(seed)
     generator = torch.Generator(population.agents[0].device).manual_seed(seed)
     parsed: list[bool] = []
@@ -104,8 +106,10 @@ def bid_parse_rate(
         if not bids:
             continue
         probe = rng.sample(bids, min(PARSE_PROBE_PROMPTS, len(bids)))
-        texts = [prompts.bid(d.role, d.observation) for d in probe]
-        replies = agent.generate(texts, max_bid_tokens, temperature, generator)
+        batch = PromptBatch(
+            agent, agent.encode_prompts([prompts.bid(d.role, d.observation) for d in probe])
+        )
+        replies = engine.generate([batch], max_bid_tokens, temperature, generator)[0]
         parsed += [parse_bid(reply.text, list(prompts.bid_levels))[1] for reply in replies]
     return sum(parsed) / len(parsed) if parsed else None
 

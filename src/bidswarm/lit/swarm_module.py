@@ -35,12 +35,14 @@ from bidswarm.algorithms.losses import (
     kl_penalty,
     reinforce_advantages,
     reinforce_loss,
+    truncated_importance_weights,
 )
 from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
 from bidswarm.lit.collectives import sum_over_processes
 from bidswarm.lit.memory import gpu_memory, release_cached_blocks
+from bidswarm.lit.sampler_mismatch import LogprobGap, sampled_logprob_rows
 from bidswarm.rollout.batches import ActionBatch, BidBatch
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.metrics import timed
@@ -212,19 +214,23 @@ class SwarmModule(L.LightningModule):
         ``loss_action/<agent>`` (``agent0_logger``, as the SFT curves) and ``loss_action``, the
         mean over the agents with data (``loss_bid`` likewise); with ``rl.kl_coef`` or
         ``rl.entropy_coef`` above 0 also their terms' means over the agents
-        (``loss_action/kl``, ``loss_bid/kl``, ``entropy``; ``metric_names``)."""
+        (``loss_action/kl``, ``loss_bid/kl``, ``entropy``; ``metric_names``), and how far the
+        engine's log-probs of the sampled tokens were from the learner's
+        (``engine/logprob_gap_mean|max``, :mod:`bidswarm.lit.sampler_mismatch`)."""
         accumulator = GradientAccumulator(self, self.population.agents)
         metrics: dict[str, float] = {}
         totals: dict[str, torch.Tensor] = {}
+        gap = LogprobGap()
         group_means = self.role_decision_baselines(batches)
         for batch in batches:
             extra: dict[str, torch.Tensor] = {}
             if isinstance(batch, ActionBatch):
                 name = "loss_action"
                 means = group_means.get(batch.agent)
-                loss = self.action_loss(batch, accumulator.backward, means, extra)
+                loss = self.action_loss(batch, accumulator.backward, means, extra, gap)
             else:
-                name, loss = "loss_bid", self.bid_loss(batch, accumulator.backward, extra)
+                name = "loss_bid"
+                loss = self.bid_loss(batch, accumulator.backward, extra, gap)
             agent = agent_folder_name(batch.agent, self.population[batch.agent].role)
             metrics[f"{name}/{agent}"] = float(loss)
             totals[name] = totals.get(name, 0) + loss / len(batches)
@@ -236,7 +242,7 @@ class SwarmModule(L.LightningModule):
                 self._clip_per_agent(optimizer)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        return metrics | {name: float(total) for name, total in totals.items()}
+        return metrics | {name: float(total) for name, total in totals.items()} | gap.as_metrics()
 
     def role_decision_baselines(
         self, batches: list[ActionBatch] | list[BidBatch]
@@ -262,13 +268,16 @@ class SwarmModule(L.LightningModule):
         backward: Backward,
         group_means: list[float | None] | None = None,
         extra_terms: dict[str, torch.Tensor] | None = None,
+        gap: LogprobGap | None = None,
     ) -> torch.Tensor:
         """Eq. 2 of MPT: REINFORCE of one agent on its action tokens, with the advantages of
         its whole batch (``rl.baseline``: the per-agent mean by default; ``group_means`` for
         ``role_decision_mean``) and the normaliser of the whole batch, plus ``rl.kl_coef`` x the
         KL to the reference and minus ``rl.entropy_coef`` x the entropy (each term only when
-        its coefficient is above 0); ``backward(agent, loss)`` per micro-batch. Returns the
-        batch's REINFORCE loss (detached); ``extra_terms`` receives the batch's KL and entropy."""
+        its coefficient is above 0), each token weighted by its truncated importance ratio
+        against the engine that sampled it with ``rl.importance_cap``; ``backward(agent, loss)``
+        per micro-batch. Returns the batch's REINFORCE loss (detached); ``extra_terms``
+        receives the batch's KL and entropy, ``gap`` the sampled tokens' log-prob gaps."""
         policy = self.population.agents[batch.agent]
         credits = torch.tensor(batch.credit, dtype=torch.float32, device=policy.device)
         means = None
@@ -291,6 +300,14 @@ class SwarmModule(L.LightningModule):
             prompts = [batch.prompt_ids[i] for i in part]
             replies = [batch.reply_ids[i] for i in part]
             scores = policy.reply_token_scores(prompts, replies, self.temperature, entropy_on)
+            sampled, present = sampled_logprob_rows(
+                [batch.sampled_logprobs[i] for i in part],
+                replies,
+                scores.logprobs.shape[1],
+                policy.device,
+            )
+            if gap is not None:
+                gap.add(scores.logprobs, sampled, present)
             loss = reinforce_loss(
                 scores.logprobs,
                 scores.mask,
@@ -298,6 +315,7 @@ class SwarmModule(L.LightningModule):
                 self.rl.loss_normalization,
                 baseline=torch.zeros((), device=policy.device),
                 normalizer=normalizer,
+                token_weights=self.importance_weights(scores.logprobs, sampled, present),
             )["loss_action"]
             total = total + loss.detach()
             if kl_on:
@@ -322,6 +340,7 @@ class SwarmModule(L.LightningModule):
         batch: BidBatch,
         backward: Backward,
         extra_terms: dict[str, torch.Tensor] | None = None,
+        gap: LogprobGap | None = None,
     ) -> torch.Tensor:
         """Eq. 3 of MPT: Bradley-Terry of one agent over its preference pairs' bid tokens, the
         mean weighted by the pairs' weights over the whole batch (every micro-batch divides by
@@ -329,8 +348,11 @@ class SwarmModule(L.LightningModule):
         batch's); both replies of a pair share a forward; ``backward(agent, loss)`` per
         micro-batch of pairs. With ``rl.kl_coef`` above 0, plus that times the KL to the
         reference on both replies' bid tokens (per reply summed over its tokens, the replies
-        weighted by their pair's weight, divided by twice the weight sum). Returns the batch's
-        Bradley-Terry loss (detached); ``extra_terms`` receives the batch's KL."""
+        weighted by their pair's weight, divided by twice the weight sum). With
+        ``rl.importance_cap``, each pair's term is also weighted by the truncated importance
+        ratio of its engine-sampled reply (summed over the reply's tokens). Returns the batch's
+        Bradley-Terry loss (detached); ``extra_terms`` receives the batch's KL, ``gap`` the
+        sampled bid tokens' log-prob gaps."""
         policy = self.population.agents[batch.agent]
         weights = torch.tensor(batch.weights, dtype=torch.float32, device=policy.device)
         weight_sum = float(weights.sum())
@@ -343,11 +365,26 @@ class SwarmModule(L.LightningModule):
             logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)
             summed = (logp * mask).sum(dim=1)
             n = len(part)
+            sampled, present = sampled_logprob_rows(
+                [batch.preferred_sampled_logprobs[i] for i in part]
+                + [batch.rejected_sampled_logprobs[i] for i in part],
+                replies,
+                logp.shape[1],
+                policy.device,
+            )
+            if gap is not None:
+                gap.add(logp, sampled, present)
+            pair_weights = weights[part.start : part.stop]
+            reply_weights = self.importance_weights(
+                summed, (sampled * present).sum(dim=1), present.amax(dim=1)
+            )
+            if reply_weights is not None:
+                pair_weights = pair_weights * reply_weights[:n] * reply_weights[n:]
             terms = bradley_terry_loss(
                 summed[:n],
                 summed[n:],
                 self.rl.bt_beta,
-                weights=weights[part.start : part.stop],
+                weights=pair_weights,
                 normalizer=weight_sum,
             )
             loss = terms["loss_bid"]
@@ -364,6 +401,15 @@ class SwarmModule(L.LightningModule):
         if extra_terms is not None and kl_on:
             extra_terms[names.KL_BID] = kl_total
         return total
+
+    def importance_weights(
+        self, learner: torch.Tensor, sampled: torch.Tensor, present: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``rl.importance_cap``'s truncated importance weights of engine-sampled tokens or
+        replies (:func:`truncated_importance_weights`); None when the correction is off."""
+        if self.rl.importance_cap is None:
+            return None
+        return truncated_importance_weights(learner, sampled, present, self.rl.importance_cap)
 
     def _clip_per_agent(self, optimizer) -> None:
         """Clip each agent's gradient norm to ``rl.grad_clip`` on its own (one param group per

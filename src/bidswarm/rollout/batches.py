@@ -20,13 +20,15 @@ from bidswarm.rollout.records import Episode, PreferencePair
 @dataclass(frozen=True)
 class ActionBatch:
     """One agent's acting steps: the prompt it saw, the action it wrote, the step's credit and
-    its decision index in the episode (what ``rl.baseline=role_decision_mean`` groups by)."""
+    its decision index in the episode (what ``rl.baseline=role_decision_mean`` groups by), and
+    the rollout engine's log-prob of each action token (:attr:`Reply.sampled_logprobs`)."""
 
     agent: int
     prompt_ids: list[list[int]]
     reply_ids: list[list[int]]
     credit: list[float]
     decisions: list[int]
+    sampled_logprobs: list[tuple[float, ...]]
 
     @property
     def row_tokens(self) -> list[int]:
@@ -49,6 +51,8 @@ class BidBatch:
     preferred_ids: list[list[int]]
     rejected_ids: list[list[int]]
     weights: list[float]
+    preferred_sampled_logprobs: list[tuple[float, ...]]
+    rejected_sampled_logprobs: list[tuple[float, ...]]
 
     @property
     def row_tokens(self) -> list[int]:
@@ -93,6 +97,7 @@ def credited_batches(
             [action.reply_ids for _, action, _, _ in items],
             [credit for _, _, credit, _ in items],
             [decision for _, _, _, decision in items],
+            [action.sampled_logprobs for _, action, _, _ in items],
         )
         for agent, items in group_by(rows, lambda row: row[0])
     ]
@@ -108,6 +113,8 @@ def preference_batches(pairs: list[PreferencePair]) -> list[BidBatch]:
             [p.preferred_ids for p in items],
             [p.rejected_ids for p in items],
             [p.weight for p in items],
+            [p.preferred_sampled_logprobs for p in items],
+            [p.rejected_sampled_logprobs for p in items],
         )
         for agent, items in group_by(pairs, lambda pair: pair.agent)
     ]

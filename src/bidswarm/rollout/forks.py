@@ -187,7 +187,13 @@ def fork_pairs(
         better, worse = (original, counterfactual) if preference > 0 else (counterfactual, original)
         pairs.append(
             PreferencePair(
-                step.actor, original.prompt_ids, better.reply_ids, worse.reply_ids, weights[k]
+                step.actor,
+                original.prompt_ids,
+                better.reply_ids,
+                worse.reply_ids,
+                weights[k],
+                better.sampled_logprobs,
+                worse.sampled_logprobs,
             )
         )
     stats.count_pairs(pairs)

@@ -11,12 +11,18 @@ from bidswarm.envs.memory import MemoryTrace
 
 @dataclass(frozen=True)
 class Reply:
-    """A generated reply: the tokens the policy saw and produced (for recomputing log-probs)."""
+    """A generated reply: the tokens the policy saw and produced (for recomputing log-probs).
+
+    ``sampled_logprobs``: the rollout engine's log-prob of each reply token when an engine
+    sampled it (empty for a reply the collector wrote, e.g. a bid drawn below the runner-up);
+    the learner compares its own with them (``engine/logprob_gap_*``, ``rl.importance_cap``).
+    """
 
     agent: int
     prompt_ids: list[int]
     reply_ids: list[int]
     text: str
+    sampled_logprobs: tuple[float, ...] = field(default=(), compare=False)
 
 
 class Bid(NamedTuple):
@@ -94,3 +100,7 @@ class PreferencePair:
     weight: float = 1.0
     """The pair's weight in the Bradley-Terry mean (Eq. 3): the chance that the paper's rejection
     sampling would have kept its fork (``rl.bid_resample=weighted_below_runner_up``), else 1."""
+    preferred_sampled_logprobs: tuple[float, ...] = ()
+    rejected_sampled_logprobs: tuple[float, ...] = ()
+    """The engine's log-probs of each reply's tokens, where an engine sampled it
+    (:attr:`Reply.sampled_logprobs`; empty for a reply the collector drew itself)."""

@@ -1,9 +1,12 @@
 """The swarm as the collector sees it: batched bids, actions and scores per agent, counted.
 
-Every call is batched per agent over many environments (one generation batch, left padding,
-KV cache; scoring in forwards of at most ``token_budget`` tokens); LoRA agents' bids are
-batched across agents too (:meth:`Swarm.bid_many`). Every call counts the tokens it processed
-in the swarm's :class:`~bidswarm.rollout.usage.Usage` (PAPER.md section 5).
+Every call is batched per agent over many environments and asks the run's rollout engine
+(``bidswarm.engines``, ``model.engine``) for the replies; bids of several agents go to the
+engine in one call (:meth:`Swarm.bid_many`: LoRA agents of one base in one batch across their
+adapters). Scoring (Graph-of-Agents' peer scores, the forks' draws below the runner-up) runs
+on the engine's scoring model in forwards of at most ``token_budget`` tokens. Every call counts
+the tokens it processed in the swarm's :class:`~bidswarm.rollout.usage.Usage` (PAPER.md
+section 5).
 """
 
 from __future__ import annotations
@@ -13,15 +16,10 @@ from contextlib import contextmanager
 
 import torch
 
-from bidswarm.agents.policy import (
-    AgentPolicy,
-    Generation,
-    generate_across_adapters,
-    share_one_lora_model,
-)
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.resampling import draw_below
+from bidswarm.engines import Generation, PromptBatch, RolloutEngine
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import format_bid
 from bidswarm.rollout.records import Bid, Reply
@@ -29,12 +27,12 @@ from bidswarm.rollout.usage import Usage
 
 
 class Swarm:
-    """Population + prompt templates + generation settings + the usage ledger.
+    """Population + prompt templates + generation settings + the rollout engine + the usage
+    ledger.
 
-    token_budget: the most tokens one scoring forward may see (``rl.micro_batch_tokens``;
+    engine: what generates the replies (``model.engine``; :mod:`bidswarm.engines`).
+    token_budget: the most tokens one scoring forward may see (``model.micro_batch_tokens``;
     None: no limit).
-    kv_cache, compile_decode, rollout_dtype: how every agent decodes (``model.kv_cache``,
-    ``model.compile_decode``, ``model.rollout_dtype``; :class:`AgentPolicy`).
     """
 
     def __init__(
@@ -44,11 +42,9 @@ class Swarm:
         max_bid_tokens: int,
         max_action_tokens: int,
         temperature: float,
+        engine: RolloutEngine,
         bid_population: Population | None = None,
         token_budget: int | None = None,
-        kv_cache: str = "auto",
-        compile_decode: bool = False,
-        rollout_dtype: torch.dtype | None = None,
     ):
         self.population = population
         self.bid_population = bid_population or population
@@ -58,14 +54,11 @@ class Swarm:
         self.max_bid_tokens = max_bid_tokens
         self.max_action_tokens = max_action_tokens
         self.temperature = temperature
+        self.engine = engine
         self.token_budget = token_budget
         self.usage = Usage()
         self.weights_per_agent = [agent.parameter_counts() for agent in population.agents]
         """What each agent's tokens run through (its FLOPs per token; LoRA: base + own adapter)."""
-        for policy in [*self.population.agents, *self.bid_population.agents]:
-            policy.kv_cache = kv_cache
-            policy.compile_decode = compile_decode
-            policy.rollout_dtype = rollout_dtype
 
     @property
     def n_agents(self) -> int:
@@ -89,27 +82,33 @@ class Swarm:
 
     def _generate(
         self,
-        policy: AgentPolicy,
-        agent: int,
-        prompts: list[str],
+        population: Population,
+        agents: list[int],
+        prompts: list[list[str]],
         max_new_tokens: int,
         generator: torch.Generator,
         temperature: float | None = None,
-    ) -> list[Reply]:
+    ) -> list[list[Reply]]:
+        """``population``'s agent ``agents[i]``'s reply to each of ``prompts[i]``, all in one
+        call of the engine, counted as rollout tokens."""
+        batches = [
+            PromptBatch(population.agents[agent], population.agents[agent].encode_prompts(texts))
+            for agent, texts in zip(agents, prompts, strict=True)
+        ]
         with torch.no_grad():
-            generations = policy.generate(
-                prompts,
-                max_new_tokens=max_new_tokens,
-                temperature=temperature or self.temperature,
-                generator=generator,
+            generations = self.engine.generate(
+                batches, max_new_tokens, temperature or self.temperature, generator
             )
-        return self._replies(agent, generations)
+        return [
+            self._replies(agent, agent_generations)
+            for agent, agent_generations in zip(agents, generations, strict=True)
+        ]
 
     def _replies(self, agent: int, generations: list[Generation]) -> list[Reply]:
         """``agent``'s generations (one batch) as replies, their tokens counted as rollout tokens:
         a prompt prefix the batch computed once is counted once."""
         self._count_rollout(agent, _generated_tokens(generations))
-        return [Reply(agent, g.prompt_ids, g.reply_ids, g.text) for g in generations]
+        return [Reply(agent, g.prompt_ids, g.reply_ids, g.text, g.logprobs) for g in generations]
 
     def _bid_prompts(self, agent: int, envs: list[TextEnv], copies: int = 1) -> list[str]:
         """``agent``'s bid prompt in each env, each ``copies`` times (consecutive)."""
@@ -137,39 +136,25 @@ class Swarm:
         """``agent``'s bid in each env (each prompt ``copies`` times, consecutive), sampled at
         ``temperature`` (None: the swarm's). A malformed reply bids 0 and is counted."""
         prompts = self._bid_prompts(agent, envs, copies)
-        policy = self.bid_population.agents[agent]
         replies = self._generate(
-            policy, agent, prompts, self.max_bid_tokens, generator, temperature
-        )
+            self.bid_population, [agent], [prompts], self.max_bid_tokens, generator, temperature
+        )[0]
         return self._parse_bids(replies)
 
     def bid_many(
         self, agents: list[int], envs: list[list[TextEnv]], generator: torch.Generator
     ) -> list[list[Bid]]:
-        """Each ``agents[i]``'s bid in each of ``envs[i]``, counted as :meth:`bid` counts them.
-
-        LoRA agents of one shared model bid in one generation batch across their adapters
-        (:func:`generate_across_adapters`: greedy bids equal :meth:`bid`'s; sampled ones are
-        drawn in another order, as reproducible); other agents bid one batch each.
-        """
-        policies = [self.bid_population.agents[agent] for agent in agents]
-        if len(agents) < 2 or not share_one_lora_model(policies):
-            return [
-                self.bid(agent, agent_envs, generator)
-                for agent, agent_envs in zip(agents, envs, strict=True)
-            ]
+        """Each ``agents[i]``'s bid in each of ``envs[i]``, counted as :meth:`bid` counts them,
+        in one call of the engine (LoRA agents of one base: one batch across their adapters;
+        for the same ``generator`` their sampled bids differ from :meth:`bid`'s one by one)."""
         prompts = [
             self._bid_prompts(agent, agent_envs)
             for agent, agent_envs in zip(agents, envs, strict=True)
         ]
-        with torch.no_grad():
-            generations = generate_across_adapters(
-                policies, prompts, self.max_bid_tokens, self.temperature, generator
-            )
-        return [
-            self._parse_bids(self._replies(agent, agent_generations))
-            for agent, agent_generations in zip(agents, generations, strict=True)
-        ]
+        replies = self._generate(
+            self.bid_population, agents, prompts, self.max_bid_tokens, generator
+        )
+        return [self._parse_bids(agent_replies) for agent_replies in replies]
 
     def bid_below(
         self,
@@ -206,8 +191,8 @@ class Swarm:
         rows = [(k, level) for k, levels in enumerate(candidates) for level in levels]
         prompt_ids = [prompts[k] for k, _ in rows]
         reply_ids = [replies[level] for _, level in rows]
-        logprobs, _ = policy.sequence_logprobs(
-            prompt_ids, reply_ids, temperature or self.temperature, self.token_budget
+        logprobs, _ = self.engine.score(
+            policy, prompt_ids, reply_ids, temperature or self.temperature, self.token_budget
         )
         self._count_rollout(agent, _tokens(prompt_ids, reply_ids))
         drawn, masses, start = [], [], 0
@@ -222,8 +207,9 @@ class Swarm:
     def act(self, agent: int, envs: list[TextEnv], generator: torch.Generator) -> list[Reply]:
         """``agent``'s action reply in each env."""
         prompts = self._action_prompts(agent, envs)
-        policy = self.population.agents[agent]
-        return self._generate(policy, agent, prompts, self.max_action_tokens, generator)
+        return self._generate(
+            self.population, [agent], [prompts], self.max_action_tokens, generator
+        )[0]
 
     def _action_prompts(self, agent: int, envs: list[TextEnv]) -> list[str]:
         """``agent``'s action prompt in each env."""
@@ -239,8 +225,8 @@ class Swarm:
         policy = self.population.agents[agent]
         prompt_ids = policy.encode_prompts(self._action_prompts(agent, envs))
         reply_ids = [reply.reply_ids for reply in replies]
-        sums, lengths = policy.sequence_logprobs(
-            prompt_ids, reply_ids, self.temperature, self.token_budget
+        sums, lengths = self.engine.score(
+            policy, prompt_ids, reply_ids, self.temperature, self.token_budget
         )
         self._count_rollout(agent, _tokens(prompt_ids, reply_ids))
         means = sums / lengths.clamp(min=1)

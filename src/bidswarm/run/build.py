@@ -6,13 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from bidswarm.agents.models import torch_dtype
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.coordination import RULES, make_coordination
+from bidswarm.engines import make_engine
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC, TextEnv
 from bidswarm.envs.experts import Demonstration
@@ -55,9 +54,10 @@ def build_population(
     )
 
 
-def rollout_dtype(model_cfg: Any) -> torch.dtype | None:
-    """``model.rollout_dtype`` as a torch dtype (None: generation in the weights' dtype)."""
-    return None if model_cfg.rollout_dtype is None else torch_dtype(model_cfg.rollout_dtype)
+def served_models(population: Population) -> int:
+    """How many models an engine serves for ``population``: one per fully fine-tuned agent,
+    one base for LoRA agents."""
+    return 1 if population.is_lora else len(population)
 
 
 def build_rollout_loop(
@@ -77,19 +77,25 @@ def build_rollout_loop(
     prompts = PromptTemplate.for_env(env, cfg.model.prompt_style, tokenizer, levels)
     if action_limit_demonstrations is None and cfg.model.max_action_tokens is None:
         action_limit_demonstrations = expert_demonstrations(env, action_limit_worlds(env), levels)
+    max_action_tokens = action_token_limit(
+        cfg.model.max_action_tokens, action_limit_demonstrations or [], prompts, tokenizer
+    )
+    engine = make_engine(
+        cfg.model,
+        cfg.model.max_prompt_tokens + max(cfg.model.max_bid_tokens, max_action_tokens),
+        served_models(population)
+        + (0 if bid_population is None else served_models(bid_population)),
+        cfg.seed,
+    )
     swarm = Swarm(
         population,
         prompts,
         cfg.model.max_bid_tokens,
-        action_token_limit(
-            cfg.model.max_action_tokens, action_limit_demonstrations or [], prompts, tokenizer
-        ),
+        max_action_tokens,
         cfg.model.temperature,
+        engine,
         bid_population=bid_population,
         token_budget=cfg.model.micro_batch_tokens,
-        kv_cache=cfg.model.kv_cache,
-        compile_decode=cfg.model.compile_decode,
-        rollout_dtype=rollout_dtype(cfg.model),
     )
     coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
     return RolloutLoop(lambda: make_env(task_config), swarm, coordination)

@@ -142,6 +142,7 @@ class Run:
             swarm.max_bid_tokens,
             swarm.temperature,
             self.cfg.seed,
+            swarm.engine,
         )
 
     def evaluate_and_record(self, key: str, step: int | None = None) -> dict[str, float]:
@@ -262,7 +263,9 @@ class Run:
         self.print_summary()
 
     def close(self, status: str) -> None:
-        """End the tracking run as ``FINISHED``, ``FAILED`` or ``KILLED`` (a stop signal)."""
+        """Shut the rollout engine down and end the tracking run as ``FINISHED``, ``FAILED``
+        or ``KILLED`` (a stop signal)."""
+        self.loop.swarm.engine.close()
         recording.end_tracking(self.logger, self.run_dir, status)
 
     # -- helpers -------------------------------------------------------------------------------
