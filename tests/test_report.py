@@ -481,6 +481,60 @@ def test_task_success_after_sft_and_after_rl_read_from_mlflow_and_paired_on_worl
     assert tables.success_gain_table({"x": [trained("x", 0, {0: 1.0})]}) == ""
 
 
+def log_evaluated_run(client, experiment_id, name, before, after, forks=()):
+    """A training run scored on the held-out worlds after SFT (``before``: world -> reward) and
+    after RL, with success, participation and, per bid update, (played, tied, effective pairs)
+    of its forks."""
+    run_id = log_training_run(client, experiment_id, name, [1.0] * max(len(forks), 1))
+    for when, worlds in (("before", before), ("after", after)):
+        client.log_dict(
+            run_id, {str(w): r for w, r in worlds.items()}, f"heldout/eval_{when}_worlds.json"
+        )
+        client.log_metric(run_id, f"eval_{when}/reward/mean", sum(worlds.values()) / len(worlds))
+        client.log_metric(run_id, f"eval_{when}/task/success", 0.25 if when == "after" else 0.0)
+        shares = (
+            {"logger": 0.1, "smith": 0.9} if when == "before" else {"logger": 0.3, "smith": 0.7}
+        )
+        for role, share in shares.items():
+            client.log_metric(run_id, f"eval_{when}/participation/{role}", share)
+    for update, (played, tied, pairs) in enumerate(forks):
+        for key, value in (
+            ("forks/resampled_below", played),
+            ("forks/tied", tied),
+            ("forks/effective_pairs", pairs),
+        ):
+            client.log_metric(run_id, key, value, step=5 * update + 4)
+    return run_id
+
+
+def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("long", str(tmp_path / "artifacts"))
+    before = {0: 10.0, 1: 20.0, 2: 30.0, 3: 40.0}
+    gains = {0: 4.0, 1: 6.0, 2: 5.0, 3: 9.0}
+    after = {w: before[w] + gains[w] for w in before}
+    # Two bid updates: 8 of 10 forks tied, then 6 of 20; 1.5 and 12.5 effective pairs.
+    log_evaluated_run(client, experiment_id, "seed=1", before, after, [(10, 8, 1.5), (20, 6, 12.5)])
+    log_evaluated_run(client, experiment_id, "rl.fork_budget=0,seed=0", before, before)
+    results = [reading.read_run(client, run) for run in reading.find_runs(client, None, "long")]
+    table = tables.run_table(reading.group_by_strategy(results))
+    gain = statistics.summarize(list(gains.values()))
+    assert "| strategy | seed | after SFT | after RL | RL − SFT |" in table
+    assert "participation % logger/smith |" in table
+    assert (
+        f"| {reading.DEFAULT_STRATEGY} | 1 | 25.0 | 31.0 | +6.0 | {gain.ci_low:+.1f} .. "
+        f"{gain.ci_high:+.1f} | 0% → 25% | 10/90 → 30/70 | 55% | 7.0 |"
+    ) in table
+    assert "| rl.fork_budget=0 | 0 | 25.0 | 25.0 | +0.0 | +0.0 .. +0.0 | 0% → 25% " in table
+    assert table.splitlines()[-1].endswith("| – | – |")
+    # The report holds it; a run scored only after RL has no row, and no such run no table.
+    text = command.write_report(client, None, "long", tmp_path / "report")
+    assert table in text
+    assert tables.run_table({"x": [trained("x", 0, {0: 1.0})]}) == ""
+
+
 def test_results_file_sections_are_replaced_not_duplicated(tmp_path):
     figures = tmp_path / "out"
     figures.mkdir()

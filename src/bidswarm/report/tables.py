@@ -189,6 +189,84 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     return "\n".join(lines) if found else ""
 
 
+def run_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: one row per training run evaluated on the held-out worlds before and after RL
+    (by strategy, then training seed): both rewards, RL − SFT with its 95% t interval over the
+    worlds, task success, participation per role, and its bid updates' forks (the share of the
+    forks played that tied, :func:`forks_tied`, and the effective pairs per bid update,
+    :func:`effective_pairs`); empty when no run measured both."""
+    measured = [
+        (strategy, r)
+        for strategy, results in groups.items()
+        for r in results
+        if r.world_rewards and r.before_world_rewards and "before" in r.heldout_curve
+    ]
+    if not measured:
+        return ""
+    role_sets = {tuple(sorted(r.participation.get("after", {}))) for _, r in measured}
+    shared_roles = role_sets.pop() if len(role_sets) == 1 else None
+    participation = "participation %" + (f" {'/'.join(shared_roles)}" if shared_roles else "")
+    lines = [
+        "Per training run: held-out reward after SFT and after RL on the same worlds, RL − SFT "
+        "with its 95% t interval over those worlds (one run: training-seed variation is not in "
+        "it), task success, participation (share of acting steps per role), and the forks of "
+        "its bid updates: the share of the forks played that tied and the effective number of "
+        "weighted pairs, each averaged over the run's bid updates (– : no bid update).",
+        "",
+        f"| strategy | seed | after SFT | after RL | RL − SFT | 95% CI (over worlds) | task "
+        f"success | {participation} | forks tied | effective pairs / bid update |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {name: i for i, name in enumerate(groups)}
+    measured.sort(key=lambda item: (order[item[0]], str(item[1].training_seed)))
+    for strategy, r in measured:
+        d = statistics.paired_difference(r.world_rewards, r.before_world_rewards)
+        success = [r.success.get(when, {}).get("task/success") for when in ("before", "after")]
+        shown_success = (
+            f"{100 * success[0]:.0f}% → {100 * success[1]:.0f}%" if None not in success else ""
+        )
+        tied, pairs = forks_tied(r), effective_pairs(r)
+        seed = "–" if r.training_seed is None else str(r.training_seed)
+        lines.append(
+            f"| {strategy} | {seed} | {r.heldout_curve['before'][1]:.1f} | {r.heldout_mean:.1f} "
+            f"| {d.mean:+.1f} | {d.ci_low:+.1f} .. {d.ci_high:+.1f} | {shown_success} "
+            f"| {run_participation(r, shared_roles)} "
+            f"| {'–' if tied is None else f'{100 * tied:.0f}%'} "
+            f"| {'–' if pairs is None else f'{pairs:.1f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def run_participation(result: RunResult, roles: tuple[str, ...] | None) -> str:
+    """``5/9/86 → 21/13/66``: each role's held-out share of acting steps (%) after SFT → after
+    RL, in the order of ``roles``; without shared roles each share is named (``logger 5``)."""
+    names = roles or tuple(sorted(result.participation.get("after", {})))
+    parts = []
+    for when in ("before", "after"):
+        shares = result.participation.get(when, {})
+        values = [f"{100 * shares.get(role, 0.0):.0f}" for role in names]
+        if roles is None:
+            values = [f"{role} {value}" for role, value in zip(names, values, strict=True)]
+        parts.append(("/" if roles else ", ").join(values))
+    return " → ".join(parts)
+
+
+def forks_tied(result: RunResult) -> float | None:
+    """Mean over the run's bid updates that played forks of the share of them that tied
+    (``forks/tied`` / ``forks/resampled_below``); None without such an update."""
+    played = result.curves.get("forks/resampled_below", [])
+    tied = result.curves.get("forks/tied", [])
+    shares = [t / p for t, p in zip(tied, played, strict=True) if p > 0]
+    return sum(shares) / len(shares) if shares else None
+
+
+def effective_pairs(result: RunResult) -> float | None:
+    """Mean over the run's bid updates of ``forks/effective_pairs`` (Kish's effective number
+    of weighted pairs); None without a bid update."""
+    pairs = result.curves.get("forks/effective_pairs", [])
+    return sum(pairs) / len(pairs) if pairs else None
+
+
 def success_gain_table(groups: dict[str, list[RunResult]]) -> str:
     """Markdown: per training strategy, held-out task success and pass@1..k after SFT -> after
     RL (means over its runs) and the highest pass@k's gain with its 95% CI: paired on the
