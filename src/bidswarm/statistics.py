@@ -184,7 +184,8 @@ def clustered_summary(cells: Mapping[tuple[Hashable, Hashable], float]) -> Summa
     interval is mean +- t * SE with Satterthwaite's degrees of freedom. At 3 seeds a large
     seed effect leaves about 2 of them (t = 4.3), which is the price of knowing the seed
     spread from 3 draws; with no seed effect the interval is about as wide as one over worlds.
-    ``scripts/interval_coverage.py`` measures its coverage (docs/results.md, "How to read").
+    ``scripts/interval_coverage.py`` measures its coverage (docs/results.md, "Intervals over
+    training seeds and worlds").
 
     One training seed (or one world): the t interval over the cells, which cannot count the
     other effect. A grid that does not cross them (seeds on disjoint worlds, or too few cells
