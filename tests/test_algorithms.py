@@ -522,6 +522,22 @@ def test_fork_preference() -> None:
         fork_preference(math.nan, 1.0)
 
 
+def test_the_same_milestones_earned_in_another_order_tie() -> None:
+    """Two branches that earn the wooden pickaxe's log, planks, stick and table, in two orders:
+    their float sums differ in the last bits, and that is no label."""
+    from bidswarm.envs.crafting.techtree import default_milestones
+
+    milestones = default_milestones("wooden_pickaxe")
+    recorded = sum(milestones[m] for m in ("oak_log", "oak_planks", "stick", "crafting_table"))
+    branch = sum(milestones[m] for m in ("oak_log", "oak_planks", "crafting_table", "stick"))
+    assert recorded != branch and recorded == pytest.approx(branch)
+    assert fork_preference(recorded, branch) == fork_preference(branch, recorded) == 0
+    # The smallest real difference, one milestone more, still decides; so does one near 0.
+    assert fork_preference(recorded + milestones["oak_log"], branch) == 1
+    assert fork_preference(branch, recorded + milestones["oak_log"]) == -1
+    assert fork_preference(1e-6, 0.0) == 1 and fork_preference(0.0, 1e-12) == 0
+
+
 # --- options for long horizons [ours]: discounted credit, baselines, KL, entropy, LR -------
 def test_discounted_return_credit_worked_example() -> None:
     from bidswarm.algorithms.credit.discounted_return import discounted_return_credit

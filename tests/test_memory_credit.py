@@ -118,6 +118,29 @@ def test_diagnostics_per_role_and_entropy():
     assert metrics["memory/reads_per_step"] == pytest.approx(2 / 4)
 
 
+def test_writer_share_counts_what_the_writers_keep_down_a_chain():
+    """The searcher's note is read by the opener, whose note the finder's rewarded step reads:
+    of the finder's root r2 the opener keeps a quarter and passes a quarter on to the
+    searcher, which also keeps half of the opener's root r1. Writers keep (r1 + r2) / 2 of the
+    roots, not the (r1 + 1.5 r2) / 2 that passed down read edges."""
+    episode = Episode(
+        seed=3,
+        steps=[
+            step(0, 0, 0.8, wrote="need wood", text="note: need wood"),
+            step(1, 1, 0.8, reads=[(0, 0, 1.0)], wrote="wood coming", text="note: wood coming"),
+            step(2, 2, 0.6, reward=1.0, reads=[(1, 1, 1.0)], text="craft"),
+        ],
+    )
+    rule = MemoryTree(tree_config(memory_share=0.5, max_depth=2))
+    metrics = memory_tree_metrics([episode], rule, ROLES, LEVELS)
+    (r0, r1, r2), _ = bucket_brigade_credit([0.0, 0.0, 1.0], [0.8, 0.8, 0.6])
+    total = r0 + r1 + r2
+    assert metrics["memory/writer_share/opener"] == pytest.approx(r2 / 4 / total)
+    assert metrics["memory/writer_share/searcher"] == pytest.approx((r2 / 4 + r1 / 2) / total)
+    assert metrics["memory/writer_share/finder"] == 0.0
+    assert metrics["memory/writer_share"] == pytest.approx((r1 + r2) / 2 / total)
+
+
 def test_the_example_tree_is_drawn(tmp_path):
     path = draw_example_tree(
         [finder_note_episode()], MemoryTree(), ROLES, LEVELS, tmp_path / "tree.png"

@@ -95,6 +95,26 @@ def test_credit_flows_down_chains_of_reads_to_max_depth():
     # Depth 1: step 1 keeps what arrives (4) on top of sending half of its own root (0).
     assert one.credits == pytest.approx([0.0, 4.0, 4.0])
     assert two.credits == pytest.approx([2.0, 2.0, 4.0])
+    # What writing earned is what the writers keep: step 1 passes on 2 of the 4 it receives,
+    # so writers keep 4 of the 8 (0.5), not the 6 (0.75) that passed down read edges.
+    assert one.received == pytest.approx([0.0, 4.0, 0.0])
+    assert two.received == pytest.approx([2.0, 2.0, 0.0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(episodes(), shares, temperatures, depths)
+def test_what_writers_earned_is_what_they_keep_beyond_their_roots(
+    episode, share, temperature, depth
+):
+    """``received`` is the part of the kept credits that came down read edges: each step's
+    credit minus what it keeps of its own root."""
+    credits, reads = episode
+    result = memory_tree_credit(credits, reads, share, temperature, depth)
+    for step, root in enumerate(credits):
+        kept_of_root = root * (1.0 - share if reads[step] and depth > 0 else 1.0)
+        assert math.isclose(
+            result.received[step], result.credits[step] - kept_of_root, abs_tol=1e-7
+        )
 
 
 def test_temperature_sharpens_the_edge_weights():

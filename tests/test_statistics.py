@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from bidswarm.statistics import (
     clustered_summary,
+    crossed_intervals,
     paired_difference,
     per_world_means,
     summarize,
@@ -99,10 +101,70 @@ def shifted_for_one_training_seed() -> tuple[dict, dict]:
     return a, b
 
 
-def test_bootstrap_is_deterministic_for_a_fixed_seed():
-    a, b = shifted_for_one_training_seed()
-    assert paired_difference(a, b, seed=3) == paired_difference(a, b, seed=3)
-    assert paired_difference(a, b, seed=3).ci_low != paired_difference(a, b, seed=4).ci_low
+def test_a_full_grid_gets_the_two_way_anova_interval_by_hand():
+    """3 seeds x 4 worlds, cell = seed level + world level + a residual: the variance of the
+    mean is (MS_seed + MS_world - MS_resid) / 12 and the t has Satterthwaite's df."""
+    seed_levels, world_levels = (0.0, 6.0, -3.0), (1.0, 2.0, 4.0, 9.0)
+    residuals = ((1.0, -1.0, 0.5, -0.5), (-2.0, 1.0, 0.0, 1.0), (1.0, 0.0, -0.5, -0.5))
+    cells = {
+        (s, w): seed_levels[s] + world_levels[w] + residuals[s][w]
+        for s in range(3)
+        for w in range(4)
+    }
+    grid = [[cells[(s, w)] for w in range(4)] for s in range(3)]
+    mean = sum(map(sum, grid)) / 12
+    seed_means = [sum(row) / 4 for row in grid]
+    world_means = [sum(grid[s][w] for s in range(3)) / 3 for w in range(4)]
+    ms_seed = 4 * sum((m - mean) ** 2 for m in seed_means) / 2
+    ms_world = 3 * sum((m - mean) ** 2 for m in world_means) / 3
+    ms_resid = (
+        sum(
+            (grid[s][w] - seed_means[s] - world_means[w] + mean) ** 2
+            for s in range(3)
+            for w in range(4)
+        )
+        / 6
+    )
+    variance = (ms_seed + ms_world - ms_resid) / 12
+    df = (ms_seed + ms_world - ms_resid) ** 2 / (ms_seed**2 / 2 + ms_world**2 / 3 + ms_resid**2 / 6)
+    half = t_quantile(0.975, df) * math.sqrt(variance)
+    s = clustered_summary(cells)
+    assert (s.mean, s.se, s.n) == (pytest.approx(mean), pytest.approx(math.sqrt(variance)), 12)
+    assert (s.ci_low, s.ci_high) == pytest.approx((mean - half, mean + half))
+    # The same on a stack of grids (a simulation's replications).
+    stacked = crossed_intervals(np.array([grid, grid]), np.ones((3, 4), dtype=bool))
+    assert stacked[:, 1] == pytest.approx([mean, math.sqrt(variance), mean - half, mean + half])
+
+
+def test_a_component_estimated_below_zero_drops_out():
+    """Seeds that agree better than their cells' noise says (MS_seed < MS_resid): the seed
+    component is 0, and the interval rests on the world mean square alone (its df, 3)."""
+    grid = [[1.0, 5.0, 2.0, 8.0], [2.0, 3.0, 4.0, 7.0], [0.0, 6.0, 3.0, 7.0]]
+    cells = {(s, w): grid[s][w] for s in range(3) for w in range(4)}
+    world_means = [sum(grid[s][w] for s in range(3)) / 3 for w in range(4)]
+    mean = sum(world_means) / 4
+    ms_world = 3 * sum((m - mean) ** 2 for m in world_means) / 3
+    s = clustered_summary(cells)
+    assert s.se == pytest.approx(math.sqrt(ms_world / 12))
+    assert s.ci_high - s.mean == pytest.approx(t_quantile(0.975, 3) * s.se)
+
+
+def test_one_seed_gets_the_t_interval_over_its_worlds_and_missing_cells_are_left_out():
+    worlds = {(0, w): float(w * w) for w in range(6)}
+    over_worlds = summarize([float(w * w) for w in range(6)])
+    assert clustered_summary(worlds) == over_worlds
+    # A grid with holes: the mean is over the cells present; the interval still counts seeds.
+    rng = random.Random(4)
+    cells = {(s, w): 10.0 * s + w + rng.gauss(0, 1) for s in range(3) for w in range(8)}
+    del cells[(0, 3)], cells[(2, 5)]
+    holed = clustered_summary(cells)
+    assert holed.n == 22 and holed.mean == pytest.approx(sum(cells.values()) / 22)
+    assert holed.ci_high - holed.ci_low > 3 * (
+        summarize(list(cells.values())).ci_high - summarize(list(cells.values())).ci_low
+    )
+    # Seeds on disjoint worlds cannot be told from worlds: the t interval over seed means.
+    apart = {(0, 1): 1.0, (0, 2): 3.0, (1, 5): 10.0, (1, 6): 12.0}
+    assert clustered_summary(apart) == summarize([2.0, 11.0])
 
 
 def test_a_shift_of_one_training_seed_widens_the_two_way_interval():

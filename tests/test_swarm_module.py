@@ -805,3 +805,64 @@ def test_the_learning_rate_schedule_and_the_new_terms_reach_the_history(module):
             for old, agent in zip(before, module.population, strict=True):
                 for value, p in zip(old, agent.parameters(), strict=True):
                     p.copy_(value)
+
+
+def test_the_kl_references_forwards_are_counted_as_scored_tokens(module):
+    """The same update (an action batch of one agent, a bid batch of another) with and without
+    the KL penalty: the ledger differs by exactly 2 x params per token the references
+    forwarded (counted here on their models, padding left out), and in nothing else."""
+    prompts = loop_of(module).swarm.prompts
+    smith = module.population.agents[2]
+    bid_prompt = smith.encode_prompts([prompts.bid("smith", "inventory: 2 oak log.")])[0]
+    pair = PreferencePair(2, bid_prompt, smith.encode_reply("0.8"), smith.encode_reply("0.0"))
+    batches = [action_batch(module, agent=1), *preference_batches([pair])]
+    before = [[p.detach().clone() for p in agent.parameters()] for agent in module.population]
+    ledgers, forwarded = {}, []
+    for kl_coef in (0.0, 0.5):
+        learner = SwarmModule(
+            module.population,
+            FixedCollector(module.collector, batches),
+            RLConfig(lr=1e-3, kl_coef=kl_coef),
+            1.0,
+        )
+        hooks = [
+            reference.copy.model.register_forward_pre_hook(
+                lambda mod, args, kwargs, agent=i: forwarded.append(
+                    (agent, int(kwargs["attention_mask"].sum()))
+                ),
+                with_kwargs=True,
+            )
+            for i, reference in enumerate(learner.references or [])
+        ]
+        trainer = L.Trainer(
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+        )
+        try:
+            trainer.fit(learner)
+        finally:
+            for hook in hooks:
+                hook.remove()
+            with torch.no_grad():  # each run starts from the same weights
+                for old, agent in zip(before, module.population, strict=True):
+                    for value, p in zip(old, agent.parameters(), strict=True):
+                        p.copy_(value)
+        ledgers[kl_coef] = learner.usage
+    plain, penalised = ledgers[0.0], ledgers[0.5]
+    assert {agent for agent, _ in forwarded} == {1, 2}
+    tokens = sum(n for _, n in forwarded)
+    assert tokens == sum(b.tokens for b in batches)
+    flops = sum(
+        2 * sum(p.numel() for p in module.population.agents[agent].parameters()) * n
+        for agent, n in forwarded
+    )
+    assert penalised.rollout_tokens - plain.rollout_tokens == tokens
+    assert penalised.rollout_flops - plain.rollout_flops == pytest.approx(flops)
+    assert (penalised.train_tokens, penalised.train_flops) == (
+        plain.train_tokens,
+        plain.train_flops,
+    )

@@ -7,6 +7,7 @@ trained with several seeds, over training seeds too), never over episodes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,8 +133,6 @@ def paired_difference(
     b: Mapping[Hashable, float],
     label_a: str = "A",
     label_b: str = "B",
-    resamples: int = 2000,
-    seed: int = 0,
 ) -> Difference:
     """A - B over the keys both hold, with a 95% interval that respects how the data cluster.
 
@@ -143,12 +142,10 @@ def paired_difference(
       model) on the same worlds. The worlds are the independent units: a paired t interval
       over the per-world differences (mean +- t_{0.975, n-1} * SD / sqrt(n)).
     * ``(training_seed, world)`` tuples: arms trained with several seeds, each evaluated on the
-      same worlds. A bad training seed shifts every world of that seed, so the cells are not
-      independent: the interval is a two-way cluster bootstrap, resampling training seeds and
-      worlds (each with replacement, independently) and taking the mean of the differences of
-      the selected cells; its 2.5 and 97.5 percentiles over ``resamples`` draws (an
-      ``numpy.random.default_rng(seed)``, so the result is reproducible) are the interval and
-      the SD of the draws the SE. Cells missing from the grid are left out of each draw's mean.
+      same worlds. A bad training seed shifts every world of that seed and a hard world every
+      seed, so the cells are not independent: the interval is :func:`clustered_summary`'s over
+      the per-cell differences (a two-way random-effects analysis of the training seed x world
+      grid, Satterthwaite's t; one seed: the t interval over its worlds).
 
     The verdict is ``"{label_a} > {label_b}"`` when the interval lies above 0,
     ``"{label_a} < {label_b}"`` below it, else ``"no difference detected"`` (always so with
@@ -164,61 +161,168 @@ def paired_difference(
     if len(tuples) > 1:
         raise ValueError("keys mix world ids and (training_seed, world) tuples")
     differences = {key: a[key] - b[key] for key in shared}
-    if tuples.pop():
-        mean, se, low, high = _cluster_bootstrap(differences, resamples, seed)
-    else:
-        s = summarize(list(differences.values()))
-        mean, se, low, high = s.mean, s.se, s.ci_low, s.ci_high
+    keyed_by_seed = tuples.pop()
+    s = clustered_summary(differences) if keyed_by_seed else summarize(list(differences.values()))
     verdict = NO_DIFFERENCE
-    if len(shared) >= 2 and low > 0:
+    if len(shared) >= 2 and s.ci_low > 0:
         verdict = f"{label_a} > {label_b}"
-    elif len(shared) >= 2 and high < 0:
+    elif len(shared) >= 2 and s.ci_high < 0:
         verdict = f"{label_a} < {label_b}"
-    return Difference(mean, se, low, high, len(shared), verdict)
+    return Difference(s.mean, s.se, s.ci_low, s.ci_high, len(shared), verdict)
 
 
-def clustered_summary(
-    cells: Mapping[tuple[Hashable, Hashable], float], resamples: int = 2000, seed: int = 0
-) -> Summary:
-    """Mean over ``(training_seed, world)`` cells with the 95% interval of the two-way cluster
-    bootstrap (:func:`paired_difference`): what one strategy scores when its training seeds
-    and its worlds both vary. SE is the SD of the bootstrap draws."""
+def clustered_summary(cells: Mapping[tuple[Hashable, Hashable], float]) -> Summary:
+    """Mean of the ``(training_seed, world)`` cells, its SE and 95% interval under the crossed
+    random-effects model y_sw = mu + a_s + b_w + e_sw (a training-seed effect, a world effect
+    and a residual, with variances s2_seed, s2_world, s2_resid).
+
+    Every run of an experiment is scored on the same held-out worlds, so seeds and worlds
+    cross. The variance of the mean of a full S x W grid is s2_seed/S + s2_world/W +
+    s2_resid/(S W); the components come from the grid's mean squares (the two-way ANOVA
+    without replication; on a grid with missing cells, Henderson's method III: each effect's
+    sum of squares after the other's, :func:`crossed_intervals`), each clipped at 0, and the
+    interval is mean +- t * SE with Satterthwaite's degrees of freedom. At 3 seeds a large
+    seed effect leaves about 2 of them (t = 4.3), which is the price of knowing the seed
+    spread from 3 draws; with no seed effect the interval is about as wide as one over worlds.
+    ``scripts/interval_coverage.py`` measures its coverage (docs/results.md, "Intervals over
+    training seeds and worlds").
+
+    One training seed (or one world): the t interval over the cells, which cannot count the
+    other effect. A grid that does not cross them (seeds on disjoint worlds, or too few cells
+    to leave a residual): the t interval over the seeds' means.
+    """
     if not cells:
         raise ValueError("clustered_summary needs at least one cell")
-    mean, se, low, high = _cluster_bootstrap(cells, resamples, seed)
+    seeds = sorted({key[0] for key in cells}, key=str)
+    worlds = sorted({key[1] for key in cells}, key=str)
+    if len(seeds) < 2 or len(worlds) < 2:
+        return summarize(list(cells.values()))
+    seed_index = {seed: i for i, seed in enumerate(seeds)}
+    world_index = {world: j for j, world in enumerate(worlds)}
+    grid = np.zeros((len(seeds), len(worlds)))
+    present = np.zeros(grid.shape, dtype=bool)
+    for (seed, world), value in cells.items():
+        grid[seed_index[seed], world_index[world]] = value
+        present[seed_index[seed], world_index[world]] = True
+    forms = crossed_forms(present)
+    if forms is None:
+        means = [float(grid[i][present[i]].mean()) for i in range(len(seeds))]
+        return summarize(means)
+    mean, se, low, high = (float(x) for x in crossed_intervals(grid, present, forms))
     return Summary(mean, se, low, high, len(cells))
 
 
-def _cluster_bootstrap(
-    cells: Mapping[tuple[Hashable, Hashable], float], resamples: int, seed: int
-) -> tuple[float, float, float, float]:
-    """Mean, bootstrap SE and percentile interval of values keyed by (cluster, world)."""
-    clusters = sorted({key[0] for key in cells}, key=str)
-    worlds = sorted({key[1] for key in cells}, key=str)
-    cluster_index = {c: i for i, c in enumerate(clusters)}
-    world_index = {w: i for i, w in enumerate(worlds)}
-    grid = np.zeros((len(clusters), len(worlds)))
-    present = np.zeros_like(grid)
-    for (cluster, world), value in cells.items():
-        grid[cluster_index[cluster], world_index[world]] = value
-        present[cluster_index[cluster], world_index[world]] = 1.0
-    mean = float(grid.sum() / present.sum())
-    rng = np.random.default_rng(seed)
-    cluster_counts = _draw_counts(rng, len(clusters), resamples)
-    world_counts = _draw_counts(rng, len(worlds), resamples)
-    totals = np.einsum("ri,ij,rj->r", cluster_counts, grid, world_counts)
-    weights = np.einsum("ri,ij,rj->r", cluster_counts, present, world_counts)
-    draws = totals[weights > 0] / weights[weights > 0]
-    low, high = np.percentile(draws, [50 * (1 - CONFIDENCE), 50 * (1 + CONFIDENCE)])
-    se = float(draws.std(ddof=1)) if len(draws) > 1 else 0.0
-    return mean, se, float(low), float(high)
+@dataclass(frozen=True)
+class CrossedForms:
+    """The quadratic forms of a training seed x world grid of ``n`` present cells (taken in
+    row-major order): y' Q_m y for m = seed, world, residual (Henderson's method III: the
+    seed's sum of squares after the world's, the world's after the seed's, the residual of the
+    additive fit), what they estimate, and what the variance of the cells' mean is made of."""
+
+    rows: np.ndarray
+    """Seed index of each present cell, shape [n]."""
+    cols: np.ndarray
+    """World index of each present cell, shape [n]."""
+    forms: np.ndarray
+    """Q_seed, Q_world, Q_resid, shape [3, n, n]."""
+    df: np.ndarray
+    """Their degrees of freedom (ranks), shape [3]."""
+    traces: np.ndarray
+    """tr(Q_seed K_seed), tr(Q_world K_world), with K_seed[k, l] = 1 when cells k and l share a
+    seed (K_world: a world): E[y'Q_seed y] = traces[0] s2_seed + df[0] s2_resid, shape [2]."""
+    loads: np.ndarray
+    """Var(mean of the cells) = (loads . (s2_seed, s2_world, s2_resid)) / n^2: the number of
+    cell pairs that share a seed, that share a world, and n, shape [3]."""
+    fourth: np.ndarray
+    """tr(Q_m K_i Q_l K_j) (K_resid = I), shape [3, 3, 3, 3]: Var(y'Qy) = 2 tr((Q Sigma)^2)
+    for normal y, Sigma = sum_i s2_i K_i."""
 
 
-def _draw_counts(rng: np.random.Generator, size: int, resamples: int) -> np.ndarray:
-    """How often each of ``size`` items is drawn in each of ``resamples`` draws of ``size``
-    with replacement: shape (resamples, size)."""
-    draws = rng.integers(0, size, size=(resamples, size))
-    return np.stack([np.bincount(row, minlength=size) for row in draws])
+def crossed_forms(present: np.ndarray) -> CrossedForms | None:
+    """The :class:`CrossedForms` of the cells ``present`` (bool, shape [S, W]); None when the
+    grid leaves a component no degree of freedom (it does not cross seeds and worlds)."""
+    present = np.asarray(present, dtype=bool)
+    return _forms_of(present.shape, present.tobytes())
+
+
+@functools.lru_cache(maxsize=64)
+def _forms_of(shape: tuple[int, int], cells: bytes) -> CrossedForms | None:
+    """:func:`crossed_forms` by grid shape and cells (a report asks for the same grid often)."""
+    present = np.frombuffer(cells, dtype=bool).reshape(shape)
+    rows, cols = np.nonzero(present)
+    n = len(rows)
+    by_seed = np.eye(present.shape[0])[rows]
+    by_world = np.eye(present.shape[1])[cols]
+
+    def projector(x: np.ndarray) -> np.ndarray:
+        return x @ np.linalg.pinv(x)
+
+    full = projector(np.hstack([by_seed, by_world]))
+    seed_only, world_only = projector(by_seed), projector(by_world)
+    forms = np.stack([full - world_only, full - seed_only, np.eye(n) - full])
+    df = np.rint([np.trace(q) for q in forms])
+    shared = np.stack([by_seed @ by_seed.T, by_world @ by_world.T, np.eye(n)])
+    traces = np.array([np.sum(forms[0] * shared[0]), np.sum(forms[1] * shared[1])])
+    if np.any(df < 1) or np.any(traces < 1e-9):
+        return None
+    products = np.einsum("mab,ibc->miac", forms, shared)
+    fourth = np.einsum("miac,ljca->milj", products, products)
+    loads = shared.sum(axis=(1, 2))
+    return CrossedForms(rows, cols, forms, df, traces, loads, fourth)
+
+
+def crossed_intervals(
+    grid: np.ndarray, present: np.ndarray, forms: CrossedForms | None = None
+) -> np.ndarray:
+    """Mean, SE and 95% interval of the present cells of each grid (:func:`clustered_summary`),
+    for one grid or a stack of them on the same cells (a simulation's replications).
+
+    Args:
+        grid: cell values, shape [..., S, W] (values where ``present`` is False are ignored).
+        present: which cells hold a value, shape [S, W].
+        forms: ``crossed_forms(present)``, when the caller holds it (None: computed here).
+
+    Returns:
+        shape [4, ...]: mean, SE, CI low, CI high. Variance components from the quadratic
+        forms (clipped at 0; a clipped component drops out of the estimate and of its
+        Satterthwaite degrees of freedom, df = 2 V^2 / Var(V) with Var(V) from the estimated
+        components, at least 1). A grid without spread gives the point itself.
+    """
+    forms = crossed_forms(present) if forms is None else forms
+    if forms is None:
+        raise ValueError("the cells do not cross training seeds and worlds")
+    y = grid[..., forms.rows, forms.cols]
+    n = y.shape[-1]
+    mean = y.mean(axis=-1)
+    # The forms annihilate constants; centring first keeps their rounding off a flat grid.
+    centred = y - mean[..., None]
+    squares = np.einsum("...k,mkl,...l->...m", centred, forms.forms, centred)
+    resid = squares[..., 2] / forms.df[2]
+    raw = (squares[..., :2] - forms.df[:2] * resid[..., None]) / forms.traces
+    kept = raw > 0
+    components = np.concatenate([np.where(kept, raw, 0.0), resid[..., None]], axis=-1)
+    variance = components @ forms.loads / n**2
+    # The estimate as a combination of the three sums of squares, to carry its variance.
+    weights = np.where(kept, forms.loads[:2] / forms.traces, 0.0)
+    resid_weight = forms.loads[2] - (weights * forms.df[:2]).sum(axis=-1)
+    weights = np.concatenate([weights, (resid_weight / forms.df[2])[..., None]], axis=-1) / n**2
+    spread = 2 * np.einsum(
+        "...m,...i,...l,...j,milj->...", weights, components, weights, components, forms.fourth
+    )
+    scale = np.maximum(np.abs(mean), 1.0)
+    flat = variance <= (1e-12 * scale) ** 2
+    df = np.where(flat | (spread <= 0), np.inf, 2 * variance**2 / np.where(spread > 0, spread, 1))
+    se = np.sqrt(np.maximum(variance, 0.0))
+    quantiles = np.vectorize(_two_sided_t)(np.maximum(df, 1.0))
+    half = np.where(flat, 0.0, quantiles * se)
+    return np.stack([mean, np.where(flat, 0.0, se), mean - half, mean + half])
+
+
+def _two_sided_t(df: float) -> float:
+    """t_{0.5 + CONFIDENCE/2, df}; the normal quantile for infinite df."""
+    if math.isinf(df):
+        return _normal_quantile(0.5 + CONFIDENCE / 2)
+    return t_quantile(0.5 + CONFIDENCE / 2, df)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

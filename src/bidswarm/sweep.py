@@ -98,8 +98,8 @@ def arm_metric_name(arm: str) -> str:
 def summarise_sweep(client, parent: str, out: Path) -> str:
     """The sweep's comparison (``bidswarm.report``: arms = children grouped by the overrides
     that differ) on its parent run: per arm the held-out reward after RL,
-    ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}`` (two-way cluster bootstrap over
-    training seeds and worlds, :func:`bidswarm.report.strategies.strategy_rows`; over worlds
+    ``arm/<arm>/heldout_reward/{mean,se,ci_low,ci_high}`` (two-way random-effects interval
+    over training seeds x worlds, :func:`bidswarm.report.strategies.strategy_rows`; over worlds
     only for an arm of one training seed), ``arm/<arm>/seeds`` (the training seeds those count) and
     ``arm/<arm>/runs``; the report (``summary/report.md``, its plots) and the table
     ``summary/arms.json``. Returns the report's markdown."""

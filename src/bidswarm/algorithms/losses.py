@@ -340,8 +340,17 @@ def bradley_terry_loss(
     return {"loss_bid": loss, "preference_accuracy": accuracy}
 
 
+BRANCH_SCORE_TOLERANCE = 1e-9
+"""Two branch scores closer than this, relative to the larger or absolutely near 0
+(``math.isclose(a, b, rel_tol=..., abs_tol=...)``), are a tie: a branch score is a sum of
+rewards, and the same milestones summed in another order differ in the last bits (the wooden
+pickaxe's log, planks, stick and table: 89.09090909090908 or 89.0909090909091)."""
+
+
 def fork_preference(original_score: float, branch_score: float) -> int:
     """Which branch of a counterfactual fork is preferred (section 4 of MPT).
+
+    Scores within :data:`BRANCH_SCORE_TOLERANCE` of each other are a tie.
 
     Returns:
         +1 when the original branch scored higher, -1 when the counterfactual branch did,
@@ -349,8 +358,7 @@ def fork_preference(original_score: float, branch_score: float) -> int:
     """
     if math.isnan(original_score) or math.isnan(branch_score):
         raise ValueError(f"branch scores must be numbers, got {original_score!r}, {branch_score!r}")
-    if original_score > branch_score:
-        return 1
-    if original_score < branch_score:
-        return -1
-    return 0
+    tolerance = BRANCH_SCORE_TOLERANCE
+    if math.isclose(original_score, branch_score, rel_tol=tolerance, abs_tol=tolerance):
+        return 0
+    return 1 if original_score > branch_score else -1

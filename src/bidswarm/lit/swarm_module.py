@@ -11,7 +11,9 @@ then it clips each agent's gradient and steps the one optimizer.
 The learner keeps the run's ledger of tokens and FLOPs (:attr:`SwarmModule.usage`): each update
 adds what every process counted, summed over the processes (``lit/collectives.py``), so the
 logged ``tokens/*`` and ``flops/*`` and the ``rl.flop_budget`` check are the run's, the same on
-every process.
+every process. Besides the collector's counts, the learner counts its own scoring forwards:
+with ``rl.kl_coef`` above 0 the frozen reference scores every row the update trains on
+(:meth:`SwarmModule.reference_usage`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from bidswarm import metric_names as names
+from bidswarm.agents.flops import ParameterCounts
 from bidswarm.agents.policy import FrozenReference, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.losses import (
@@ -110,9 +113,8 @@ class SwarmModule(L.LightningModule):
         with gpu_memory(memory, "collect", self.device):
             collected = self.collector.collect(update, self.global_rank)
         release_cached_blocks(self.device)
-        self.usage = self.usage + sum_over_processes(
-            collected.usage, self.trainer.strategy, self.device
-        )
+        spent = collected.usage + self.reference_usage(collected.batches)
+        self.usage = self.usage + sum_over_processes(spent, self.trainer.strategy, self.device)
         timings: dict[str, float] = {}
         phase = f"update_{collected.kind}"
         schedule = self.set_learning_rate(update)
@@ -129,6 +131,22 @@ class SwarmModule(L.LightningModule):
             self.trainer.should_stop = True
         if self.budget_spent:
             self.trainer.should_stop = True
+
+    def reference_usage(self, batches: list[ActionBatch] | list[BidBatch]) -> Usage:
+        """What the KL penalty's reference forwards cost in an update over ``batches`` (nothing
+        when ``rl.kl_coef`` is 0): it scores each row the learner trains on once more, the same
+        tokens (``batch.tokens``), as scored tokens at 2 x the weights it runs through (a full
+        agent's copy: all its weights; a LoRA agent's reference: the base, adapters off)."""
+        usage = Usage()
+        if self.references is None:
+            return usage
+        for batch in batches:
+            agent = self.population.agents[batch.agent]
+            weights = agent.parameter_counts()
+            if agent.adapter is not None:
+                weights = ParameterCounts(frozen=weights.frozen, trained=0)
+            usage.count_rollout(weights, batch.tokens)
+        return usage
 
     @property
     def budget_spent(self) -> bool:

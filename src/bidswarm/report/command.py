@@ -48,6 +48,7 @@ from bidswarm.report.tables import (
     participation_at_table,
     participation_table,
     rl_gain_table,
+    run_table,
     success_gain_table,
     verdict,
     winning_bid_table,
@@ -77,6 +78,7 @@ def write_report(
     tables = (
         budget_table(groups),
         rl_gain_table(groups),
+        run_table(groups),
         success_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),

@@ -54,6 +54,10 @@ KIND_TAG = "bidswarm.kind"
 REPORT_KIND = "report"
 """Runs tagged ``bidswarm.kind=report`` hold a report's markdown and figures, no result."""
 
+FORK_CURVES = ("forks/resampled_below", "forks/tied", "forks/effective_pairs")
+"""The fork funnel's metrics a training run logs at each bid update (``ForkStats``) that the
+per-run table reads: forks played, forks tied, effective pairs."""
+
 OUTCOMES = ("agents", "task/success", "flops_per_decision")
 """Evaluation metrics besides the reward that the outcome table shows (with ``pass@<k>/mean``)."""
 
@@ -68,7 +72,8 @@ class RunResult:
     heldout_se: float | None
     training_flops: float | None
     curves: dict[str, list[float]] = field(default_factory=dict)
-    """Per-update histories: ``reward/mean``, ``reward/se``, ``flops/total``, participation."""
+    """Per-update histories: ``reward/mean``, ``reward/se``, ``flops/total``, participation;
+    per bid update, the fork funnel's :data:`FORK_CURVES`."""
     training_seed: int | None = None
     """The ``seed`` the evaluated agents were trained with (None: unknown, left unpaired)."""
     world_rewards: dict[int, float] | None = None
@@ -248,6 +253,7 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))
+    keys += [k for k in FORK_CURVES if k in metrics]
     participation = {
         when: under(metrics, f"eval_{when}/participation/") for when in ("before", "after")
     }

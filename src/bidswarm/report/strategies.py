@@ -2,11 +2,12 @@
 differences to a reference strategy, pass@k and the winning-bid shares.
 
 Statistics are over held-out *worlds*, never episodes. A strategy's mean, SE and 95% interval
-are over its (training seed, world) cells by a two-way cluster bootstrap over training seeds
-and worlds (a strategy of one training seed: a t interval over its worlds, labelled as not
-counting training-seed variation, :data:`ONE_SEED`); every strategy is compared with the
+are over its (training seed, world) cells by a two-way random-effects analysis of training
+seeds x worlds (:func:`bidswarm.statistics.clustered_summary`; a strategy of one training seed:
+a t interval over its worlds, labelled as not counting training-seed variation,
+:data:`ONE_SEED`); every strategy is compared with the
 reference strategy by the paired difference over the (training seed, world) cells both hold,
-with a two-way cluster bootstrap interval over training seeds and worlds
+with the same interval over the per-cell differences
 (:func:`bidswarm.statistics.paired_difference`). Runs logged before per-world rewards existed
 fall back to statistics over their run-level means and are left out of the pairing.
 """
@@ -81,8 +82,8 @@ def strategy_cells(
 
 def cell_summary(cells: dict[tuple[object, int], float]) -> tuple[statistics.Summary, int]:
     """Mean, SE and 95% CI of a strategy's (training seed, world) cells, and how many training
-    seeds they hold. Two seeds or more: the two-way cluster bootstrap over training seeds and
-    worlds (:func:`bidswarm.statistics.clustered_summary`; cells that share a seed are not
+    seeds they hold. Two seeds or more: the two-way random-effects interval over training seeds
+    x worlds (:func:`bidswarm.statistics.clustered_summary`; cells that share a seed are not
     independent). One seed: the t interval over its worlds, which cannot count the variation
     between training seeds (:data:`ONE_SEED`)."""
     seeds = len({seed for seed, _ in cells})
@@ -93,8 +94,8 @@ def cell_summary(cells: dict[tuple[object, int], float]) -> tuple[statistics.Sum
 
 def strategy_rows(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
     """Mean, SE and 95% CI per strategy. When every run logged per-world rewards: over its
-    (training seed, world) cells (:func:`cell_summary`: two-way cluster bootstrap over seeds
-    and worlds; one seed: over worlds only). Else over its runs' means (t interval; each run is
+    (training seed, world) cells (:func:`cell_summary`: two-way random effects of seeds x
+    worlds; one seed: over worlds only). Else over its runs' means (t interval; each run is
     one training seed; one run: its own SE over worlds, no CI)."""
     rows = []
     for strategy, results in groups.items():
@@ -133,7 +134,7 @@ def reference_strategy(rows: list[StrategyRow], chosen: str | None) -> str:
 
 def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
     """Every other strategy minus ``reference`` over the (training seed, world) cells both
-    hold (two-way cluster bootstrap CI); None when they share no cell."""
+    hold (two-way random-effects CI); None when they share no cell."""
     base = next(row for row in rows if row.strategy == reference)
     out = []
     for row in rows:

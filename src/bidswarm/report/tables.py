@@ -36,9 +36,10 @@ def markdown_table(rows: list[StrategyRow]) -> str:
     to the best; a footnote marks the rows whose interval cannot count training seeds."""
     lines = [
         "Held-out reward per strategy: mean ± SE and 95% CI over its (training seed, world) "
-        "cells, each the mean of that world's runs, by a two-way cluster bootstrap over "
-        "training seeds and worlds (runs that logged no per-world rewards: t interval over the "
-        "runs' means, one training seed each).",
+        "cells, each the mean of that world's runs, by a two-way random-effects analysis of "
+        "training seeds x worlds (variance components from the mean squares, Satterthwaite's "
+        "t; runs that logged no per-world rewards: t interval over the runs' means, one "
+        "training seed each).",
         "",
         "| strategy | held-out reward (mean ± SE) | 95% CI | over | runs | training FLOPs "
         "| vs best |",
@@ -61,7 +62,7 @@ def markdown_table(rows: list[StrategyRow]) -> str:
 def verdict(rows: list[StrategyRow]) -> str:
     """One sentence: who has the highest mean, by how much over the second, and whether that
     is told apart: by their paired difference on the (training seed, world) cells both hold
-    (two-way cluster bootstrap) when they share cells, else by whether their 95% intervals
+    (two-way random-effects interval) when they share cells, else by whether their 95% intervals
     overlap; a comparison that rests on one training seed says so."""
     if not rows:
         return "No run holds a held-out result yet."
@@ -96,7 +97,7 @@ def difference_table(differences: list[DifferenceRow], reference: str) -> str:
     """Markdown: strategy - reference, its 95% CI, how many cells were paired, the verdict."""
     lines = [
         f"Paired difference to **{reference}** on the same (training seed, world) cells; 95% CI "
-        "by a two-way cluster bootstrap over training seeds and worlds.",
+        "by the two-way random-effects analysis of training seeds x worlds.",
         "",
         f"| strategy | − {reference} | 95% CI | paired cells | verdict |",
         "|---|---|---|---|---|",
@@ -148,7 +149,7 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     lines = [
         "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
         "SFT, paired on the same (training seed, world) cells; each mean and the difference "
-        "with its 95% CI by the two-way cluster bootstrap over training seeds and worlds.",
+        "with its 95% CI by the two-way random-effects analysis of training seeds x worlds.",
         "",
         "| strategy | after SFT (95% CI) | after RL (95% CI) | RL − SFT | 95% CI | verdict |",
         "|---|---|---|---|---|---|",
@@ -188,10 +189,88 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     return "\n".join(lines) if found else ""
 
 
+def run_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: one row per training run evaluated on the held-out worlds before and after RL
+    (by strategy, then training seed): both rewards, RL − SFT with its 95% t interval over the
+    worlds, task success, participation per role, and its bid updates' forks (the share of the
+    forks played that tied, :func:`forks_tied`, and the effective pairs per bid update,
+    :func:`effective_pairs`); empty when no run measured both."""
+    measured = [
+        (strategy, r)
+        for strategy, results in groups.items()
+        for r in results
+        if r.world_rewards and r.before_world_rewards and "before" in r.heldout_curve
+    ]
+    if not measured:
+        return ""
+    role_sets = {tuple(sorted(r.participation.get("after", {}))) for _, r in measured}
+    shared_roles = role_sets.pop() if len(role_sets) == 1 else None
+    participation = "participation %" + (f" {'/'.join(shared_roles)}" if shared_roles else "")
+    lines = [
+        "Per training run: held-out reward after SFT and after RL on the same worlds, RL − SFT "
+        "with its 95% t interval over those worlds (one run: training-seed variation is not in "
+        "it), task success, participation (share of acting steps per role), and the forks of "
+        "its bid updates: the share of the forks played that tied and the effective number of "
+        "weighted pairs, each averaged over the run's bid updates (– : no bid update).",
+        "",
+        f"| strategy | seed | after SFT | after RL | RL − SFT | 95% CI (over worlds) | task "
+        f"success | {participation} | forks tied | effective pairs / bid update |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {name: i for i, name in enumerate(groups)}
+    measured.sort(key=lambda item: (order[item[0]], str(item[1].training_seed)))
+    for strategy, r in measured:
+        d = statistics.paired_difference(r.world_rewards, r.before_world_rewards)
+        success = [r.success.get(when, {}).get("task/success") for when in ("before", "after")]
+        shown_success = (
+            f"{100 * success[0]:.0f}% → {100 * success[1]:.0f}%" if None not in success else ""
+        )
+        tied, pairs = forks_tied(r), effective_pairs(r)
+        seed = "–" if r.training_seed is None else str(r.training_seed)
+        lines.append(
+            f"| {strategy} | {seed} | {r.heldout_curve['before'][1]:.1f} | {r.heldout_mean:.1f} "
+            f"| {d.mean:+.1f} | {d.ci_low:+.1f} .. {d.ci_high:+.1f} | {shown_success} "
+            f"| {run_participation(r, shared_roles)} "
+            f"| {'–' if tied is None else f'{100 * tied:.0f}%'} "
+            f"| {'–' if pairs is None else f'{pairs:.1f}'} |"
+        )
+    return "\n".join(lines)
+
+
+def run_participation(result: RunResult, roles: tuple[str, ...] | None) -> str:
+    """``5/9/86 → 21/13/66``: each role's held-out share of acting steps (%) after SFT → after
+    RL, in the order of ``roles``; without shared roles each share is named (``logger 5``)."""
+    names = roles or tuple(sorted(result.participation.get("after", {})))
+    parts = []
+    for when in ("before", "after"):
+        shares = result.participation.get(when, {})
+        values = [f"{100 * shares.get(role, 0.0):.0f}" for role in names]
+        if roles is None:
+            values = [f"{role} {value}" for role, value in zip(names, values, strict=True)]
+        parts.append(("/" if roles else ", ").join(values))
+    return " → ".join(parts)
+
+
+def forks_tied(result: RunResult) -> float | None:
+    """Mean over the run's bid updates that played forks of the share of them that tied
+    (``forks/tied`` / ``forks/resampled_below``); None without such an update."""
+    played = result.curves.get("forks/resampled_below", [])
+    tied = result.curves.get("forks/tied", [])
+    shares = [t / p for t, p in zip(tied, played, strict=True) if p > 0]
+    return sum(shares) / len(shares) if shares else None
+
+
+def effective_pairs(result: RunResult) -> float | None:
+    """Mean over the run's bid updates of ``forks/effective_pairs`` (Kish's effective number
+    of weighted pairs); None without a bid update."""
+    pairs = result.curves.get("forks/effective_pairs", [])
+    return sum(pairs) / len(pairs) if pairs else None
+
+
 def success_gain_table(groups: dict[str, list[RunResult]]) -> str:
     """Markdown: per training strategy, held-out task success and pass@1..k after SFT -> after
     RL (means over its runs) and the highest pass@k's gain with its 95% CI: paired on the
-    (training seed, world) cells by the two-way cluster bootstrap when every run logged
+    (training seed, world) cells (two-way random-effects interval) when every run logged
     per-world pass@k, else a t interval over the runs' own after - before differences (one
     training seed each); empty when no run measured both."""
     rows = {
@@ -207,7 +286,8 @@ def success_gain_table(groups: dict[str, list[RunResult]]) -> str:
     lines = [
         "Task success and pass@k on the held-out worlds after SFT → after RL (mean over runs; "
         f"pass@k by the unbiased estimator per world), and what RL adds to {top} with its 95% "
-        "CI: paired on (training seed, world) cells by the two-way cluster bootstrap, or ² a t "
+        "CI: paired on (training seed, world) cells by the two-way random-effects analysis, or "
+        "² a t "
         "interval over the runs' own differences where runs logged no per-world pass@k.",
         "",
         f"| strategy | {' | '.join(names)} | {top} RL − SFT | 95% CI | runs |",
@@ -401,7 +481,7 @@ def winning_bid_table(groups: dict[str, list[RunResult]]) -> str:
 def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = None) -> str:
     """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
     the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds),
-    the highest pass@k's 95% CI over (training seed, world) cells (two-way cluster bootstrap;
+    the highest pass@k's 95% CI over (training seed, world) cells (two-way random effects;
     empty when a run logged no per-world pass@k), with a ``reference`` strategy its paired
     difference to the reference's, and the FLOPs per decision; empty when no run logged them."""
     rows = {s: [r for r in rs if r.outcomes] for s, rs in groups.items()}
@@ -418,8 +498,8 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
     lines = [
         "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
         "runs, mean over worlds per training run; here mean ± SE over the training runs), the "
-        "highest pass@k's 95% CI by the two-way cluster bootstrap over training seeds and "
-        "worlds (it spans only values seen: cells all 0% give 0% .. 0%), and the evaluation's "
+        "highest pass@k's 95% CI by the two-way random-effects analysis of training seeds x "
+        "worlds (kept within 0% .. 100%; cells all 0% give 0% .. 0%), and the evaluation's "
         "FLOPs per decision (bids and actions of every agent).",
         "",
         "| " + " | ".join(header) + " |",
@@ -447,13 +527,14 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
 
 
 def pass_interval(results: list[RunResult], k: int) -> str:
-    """``low% .. high%``: the 95% two-way cluster bootstrap interval of pass@k over the runs'
+    """``low% .. high%``: the 95% two-way random-effects interval of pass@k over the runs'
     (training seed, world) cells; empty when a run logged no per-world pass@k."""
     cells = pass_cells(results, k)
     if cells is None:
         return ""
     summary = statistics.clustered_summary(cells)
-    return f"{100 * summary.ci_low:.1f}% .. {100 * summary.ci_high:.1f}%"
+    low, high = max(summary.ci_low, 0.0), min(summary.ci_high, 1.0)  # a share's own range
+    return f"{100 * low:.1f}% .. {100 * high:.1f}%"
 
 
 def pass_difference(results: list[RunResult], reference: list[RunResult], k: int) -> str:

@@ -5,7 +5,8 @@ weights a token runs through per generated or scored token (rollout), forward + 
 trained token (6 x params fully fine-tuned; 4 x base + 6 x adapter under LoRA), over all agents,
 forks included. The
 collector writes the ledger: the swarm counts what it generates and scores, the loop the
-actions, the collector the trained tokens of the batches it hands to the learner. Held-out
+actions, the collector the trained tokens of the batches it hands to the learner; the learner
+adds the scored tokens of its KL reference (``SwarmModule.reference_usage``). Held-out
 evaluation counts into a ledger of its own (``Swarm.separate_usage``).
 
 Under DDP every process counts what it did itself; the run's ledger is the sum over the

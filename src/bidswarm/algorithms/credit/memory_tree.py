@@ -47,7 +47,9 @@ class MemoryTreeCredit:
 
     roots:     each step's credit from the base rule (its tree's root).
     credits:   the credit each acting step keeps, summed over every tree that reaches it.
-    received:  the part of ``credits`` that came down read edges (what writing earned).
+    received:  the part of ``credits`` that came down read edges (what writing earned): what
+               the step keeps of the credit that reached it as a writer, not what it passed on
+               down its own reads (that is counted where it is kept).
     entropies: the entropy (nats) of the edge weights of each step that read notes.
     """
 
@@ -121,7 +123,9 @@ def memory_tree_credit(
         :class:`MemoryTreeCredit`; ``sum(credits) == sum(root_credits)`` up to rounding.
 
     Example: credits (1, 0, 10), step 2 read step 0's note, share 0.5, depth 1 ->
-    credits (6, 0, 5), received (5, 0, 0).
+    credits (6, 0, 5), received (5, 0, 0). A chain, step 2 read step 1's note and step 1 step
+    0's, credits (0, 0, 8), depth 2 -> credits (2, 2, 4), received (2, 2, 0): step 1 passes
+    on half of the 4 that reach it, so writers keep 4 of the 8, not 4 + 2.
     """
     _check(root_credits, reads, memory_share, temperature, max_depth)
     n = len(root_credits)
@@ -134,14 +138,14 @@ def memory_tree_credit(
         below = [0.0] * n
         for step in range(n):
             amount = arriving[step]
-            if depth == max_depth or not reads[step]:
-                credits[step] += amount
-                continue
-            sent = memory_share * amount
+            passes_on = depth < max_depth and bool(reads[step])
+            sent = memory_share * amount if passes_on else 0.0
             credits[step] += amount - sent
-            for edge, weight in zip(reads[step], weights[step], strict=True):
-                below[edge.writer] += sent * weight
-        received = [r + b for r, b in zip(received, below, strict=True)]
+            if depth > 0:  # it reached the step down a read edge: its note earned it
+                received[step] += amount - sent
+            if passes_on:
+                for edge, weight in zip(reads[step], weights[step], strict=True):
+                    below[edge.writer] += sent * weight
         arriving = below
     entropies = [entropy(w) for w in weights if w]
     return MemoryTreeCredit([float(c) for c in root_credits], credits, received, entropies)
