@@ -388,6 +388,14 @@ class FrozenReference:
             model = copy.deepcopy(policy.model).eval().requires_grad_(False)
             self.copy = AgentPolicy(model, policy.tokenizer, policy.role, policy.max_prompt_tokens)
 
+    def parameter_counts(self) -> ParameterCounts:
+        """The weights a reference forward runs through (its FLOPs per token): a full agent's
+        copy, all of them; a LoRA agent's reference, the base with the adapters off."""
+        counts = self.policy.parameter_counts()
+        if self.copy is None:
+            return ParameterCounts(frozen=counts.frozen, trained=0)
+        return counts
+
     @torch.no_grad()
     def reply_token_logprobs(
         self, prompt_ids: list[list[int]], reply_ids: list[list[int]], temperature: float = 1.0

@@ -26,7 +26,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from bidswarm import metric_names as names
-from bidswarm.agents.flops import ParameterCounts
 from bidswarm.agents.policy import FrozenReference, micro_batches
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.losses import (
@@ -141,11 +140,7 @@ class SwarmModule(L.LightningModule):
         if self.references is None:
             return usage
         for batch in batches:
-            agent = self.population.agents[batch.agent]
-            weights = agent.parameter_counts()
-            if agent.adapter is not None:
-                weights = ParameterCounts(frozen=weights.frozen, trained=0)
-            usage.count_rollout(weights, batch.tokens)
+            usage.count_rollout(self.references[batch.agent].parameter_counts(), batch.tokens)
         return usage
 
     @property
