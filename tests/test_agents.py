@@ -19,7 +19,8 @@ from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.agents.tokenizer import build_tokenizer
 from bidswarm.config import ModelConfig, TinyArchConfig
-from bidswarm.engines.hf import HFDecoder, sample_tokens
+from bidswarm.engines.hf import HFDecoder
+from bidswarm.engines.sampling import sample_tokens
 from bidswarm.envs import env_class
 from bidswarm.run.demonstrations import (
     ACTION_LIMIT_WORLDS,

@@ -2,7 +2,7 @@
 
 Batched over many environments in one forward batch (left padding, KV cache). What makes it
 fast on a CPU (docs/performance.md): the prompt head shared by a batch's rows is computed once
-and kept across calls (:meth:`HFDecoder._prompt_head`), ``model.rollout_dtype`` generates on a
+and kept across calls (``engines/prompt_heads.py``), ``model.rollout_dtype`` generates on a
 cast copy of the weights (bfloat16 matmuls for float32 weights), a static KV cache and CUDA
 graphs on an accelerator. Sampling, scoring and the learner's gradient forward agree on
 padding, position ids and temperature (DESIGN.md, transformers 5): the learner's side is
@@ -22,7 +22,6 @@ from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from bidswarm.agents.policy import (
     AgentPolicy,
-    common_prefix_length,
     left_pad,
     positions_from_mask,
     share_one_lora_model,
@@ -35,15 +34,16 @@ from bidswarm.engines.base import (
     finished_generations,
     rollout_dtype,
 )
+from bidswarm.engines.prompt_heads import (
+    KEPT_PROMPT_HEADS,
+    MIN_SHARED_PREFIX,
+    PromptHead,
+    prompt_head,
+)
+from bidswarm.engines.sampling import sample_tokens, token_logprobs
 
 STATIC_CACHE_BLOCK = 64
 """A static KV cache holds a multiple of this many tokens per row (:func:`static_cache_slots`)."""
-MIN_SHARED_PREFIX = 32
-"""A batch whose prompts all start with at least this many equal tokens computes that prefix
-once (:meth:`HFDecoder._prefill`; a decoder's ``min_shared_prefix``)."""
-KEPT_PROMPT_HEADS = 4
-"""Prompt heads per agent whose keys and values are kept across calls (a decoder's
-``kept_prompt_heads``)."""
 
 
 def static_cache_slots(tokens: int) -> int:
@@ -51,60 +51,6 @@ def static_cache_slots(tokens: int) -> int:
     :data:`STATIC_CACHE_BLOCK`, so that calls with similar prompt widths share one shape (one
     compiled decode step, one CUDA graph, reused allocator blocks)."""
     return -(-tokens // STATIC_CACHE_BLOCK) * STATIC_CACHE_BLOCK
-
-
-def sample_tokens(
-    logits: Tensor,
-    temperature: float,
-    generator: torch.Generator | None,
-    inverse_cdf: bool = False,
-) -> Tensor:
-    """One token per row from [B, V] logits; ``temperature`` 0 is greedy.
-
-    ``inverse_cdf``: the first token whose cumulative probability exceeds one uniform draw per
-    row, instead of ``torch.multinomial`` (which draws an exponential per vocabulary entry:
-    38 ms against 4 ms for 16 rows of SmolLM2's 49152 tokens on one CPU core). The same
-    distribution, another random stream: other tokens for the same ``generator``.
-    """
-    if temperature <= 0.0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if not inverse_cdf:
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    cumulative = probs.cumsum(dim=-1)
-    draw = torch.rand(
-        (probs.shape[0], 1), generator=generator, device=probs.device, dtype=probs.dtype
-    )
-    # right=True: a token of probability 0 (cumulative equal to its predecessor's) is never hit
-    tokens = torch.searchsorted(cumulative, draw * cumulative[:, -1:], right=True)
-    return tokens.squeeze(-1).clamp(max=probs.shape[-1] - 1)
-
-
-def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float) -> Tensor:
-    """log pi(token) of each row's ``tokens`` [B] under [B, V] ``logits`` at ``temperature``
-    (greedy, 0: at temperature 1), in float32; it draws nothing."""
-    scaled = logits.float() / (temperature if temperature > 0.0 else 1.0)
-    return torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None])[:, 0]
-
-
-@dataclass(frozen=True)
-class PromptHead:
-    """The keys and values of a prompt head (the first tokens of a batch's prompts, one row),
-    kept across generation calls: ``keys[layer]`` and ``values[layer]`` are
-    [1, kv heads, len(ids), head dim]."""
-
-    ids: tuple[int, ...]
-    keys: list[Tensor]
-    values: list[Tensor]
-
-    def cut(self, length: int) -> PromptHead:
-        """The head of the first ``length`` tokens: a causal model's keys and values of a token
-        depend on the tokens before it only, so a longer head holds every shorter one."""
-        return PromptHead(
-            self.ids[:length],
-            [k[:, :, :length] for k in self.keys],
-            [v[:, :, :length] for v in self.values],
-        )
 
 
 @dataclass
@@ -366,48 +312,9 @@ class HFDecoder:
         return self.policy.logits_to_keep(model, width, keep)
 
     def _prompt_head(self, model: PreTrainedModel, ids: list[int]) -> PromptHead:
-        """The keys and values of the prompt head ``ids`` under ``model``: cut from a kept head
-        that starts with all of ``ids``; else the kept head with the longest common start,
-        extended by a forward of the rest of ``ids`` over its keys and values; else one
-        forward of ``ids``. Equal, up to float rounding, to one forward of ``ids``: a token's
-        keys and values depend on the tokens before it only. The head is kept as the most
-        recent one (``kept_prompt_heads``); a kept head it extends is dropped."""
-        heads = self._rollout.heads
-        device = self.device
-        best, common = None, 0
-        for kept in heads:
-            length = common_prefix_length(kept.ids, ids)
-            if length > common:
-                best, common = kept, length
-        if best is not None and common == len(ids):
-            head = best
-            result = best.cut(common)
-        else:
-            cache = DynamicCache(config=model.config)
-            if best is not None:  # the kept head's common start (common > 0)
-                for index, (keys, values) in enumerate(zip(best.keys, best.values, strict=True)):
-                    cache.update(keys[:, :, :common], values[:, :, :common], index)
-            rest = len(ids) - common
-            model(
-                input_ids=torch.tensor([ids[common:]], device=device),
-                position_ids=torch.arange(common, len(ids), device=device)[None],
-                past_key_values=cache,
-                use_cache=True,
-                # Nothing reads these logits: the last position's, gathered (an int slices
-                # [1, rest, hidden] into a view the output head's CPU matmul handles by copying
-                # its whole weight: 250 ms per head for SmolLM2 in bfloat16).
-                logits_to_keep=torch.tensor([rest - 1], device=device),
-            )
-            layers = cache.layers
-            head = result = PromptHead(
-                tuple(ids), [layer.keys for layer in layers], [layer.values for layer in layers]
-            )
-        if self.kept_prompt_heads > 0:
-            heads[:] = [head] + [
-                kept for kept in heads if kept is not head and kept.ids != head.ids[: len(kept.ids)]
-            ]
-            del heads[self.kept_prompt_heads :]
-        return result
+        """The keys and values of the prompt head ``ids`` under ``model``, from and into this
+        decoder's kept heads (:func:`~bidswarm.engines.prompt_heads.prompt_head`)."""
+        return prompt_head(model, ids, self._rollout.heads, self.kept_prompt_heads)
 
 
 class HFEngine(RolloutEngine):
