@@ -78,6 +78,14 @@ def test_task_model_and_coordination_default_to_the_runs(finished_run, tmp_path)
     assert swapped.coordination.name == "round_robin" and swapped.task.max_decisions == 6
 
 
+def test_keys_without_the_group_change_the_runs_section(finished_run, tmp_path):
+    cfg = evaluation_config(finished_run, tmp_path, "+model.engine=vllm", "+task.max_decisions=4")
+    assert cfg.model.engine == "vllm" and cfg.model.tiny.hidden_size == 32
+    assert cfg.model.name == "tiny" and cfg.task.max_decisions == 4
+    with pytest.raises(Exception, match="no_such_key"):
+        evaluation_config(finished_run, tmp_path, "+model.no_such_key=1")
+
+
 @pytest.mark.parametrize(
     ("ablation", "bids", "actions", "rule"),
     [
