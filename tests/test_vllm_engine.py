@@ -12,6 +12,7 @@ import signal
 import pytest
 import torch
 
+from bidswarm import metric_names as names
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.config import ModelConfig, RLConfig, TinyArchConfig
@@ -108,7 +109,7 @@ def test_the_weights_follow_every_update_and_only_the_changed_agent_reloads(full
     population, engine = full
     hf = HFEngine.from_config(vllm_config())
     before = greedy(engine, population, PROMPTS)
-    loads = engine.metrics()["engine/weight_loads"]
+    loads = engine.metrics()[names.ENGINE_WEIGHT_LOADS]
     policy = population[1]
     optimizer = torch.optim.SGD(policy.parameters(), lr=2.0)
     logprobs, mask = policy.reply_token_logprobs(
@@ -119,7 +120,7 @@ def test_the_weights_follow_every_update_and_only_the_changed_agent_reloads(full
     after = greedy(engine, population, PROMPTS)
     assert after == greedy(hf, population, PROMPTS)  # the learner's new greedy replies
     assert after[1] != before[1] and after[0] == before[0] and after[2] == before[2]
-    assert engine.metrics()["engine/weight_loads"] == loads + 1
+    assert engine.metrics()[names.ENGINE_WEIGHT_LOADS] == loads + 1
 
 
 def test_sampling_is_reproducible_from_the_callers_generator(full):

@@ -51,6 +51,12 @@ SFT_BID_PARSE_RATE = "sft/bid_parse_rate"
 (at the model's temperature), to the prompts of each bidding agent's own bid demonstrations
 (up to :data:`bidswarm.lit.sft.PARSE_PROBE_PROMPTS` per agent), before and after the SFT cold
 start (:func:`bidswarm.lit.sft.bid_parse_rate`)."""
+ENGINE_START_S = "time/engine_start_s"
+ENGINE_WEIGHT_LOADS = "time/engine_weight_loads"
+ENGINE_SYNC_S = "time/engine_sync_s"
+ENGINE_LOAD_S = "time/engine_load_s"
+"""The rollout engine process's start-up, weight loads and sync seconds since it started
+(``model.engine=vllm``): a resumed run's process starts anew, so they sit with the timings."""
 ENGINE_LOGPROB_GAP_MEAN = "engine/logprob_gap_mean"
 """Mean |learner - engine| log-prob per sampled token the update trained on (the engine's
 log-probs as it sampled; ``lit/sampler_mismatch.py``)."""

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import lora_base_state
 from bidswarm.engines import vllm_server
@@ -238,6 +239,14 @@ class VLLMEngine(RolloutEngine):
         }
         if torch.cuda.is_available():
             options["gpu_memory_utilization"] = self.gpu_memory_utilization / self.expected_engines
+        else:
+            # vLLM's CPU sampler cannot resume a seeded request's generator in a later step
+            # ("CPU Generator does not use offset"), which a prompt prefilled in chunks needs:
+            # every prompt is prefilled whole, up to 16 of the longest in one step.
+            options |= {
+                "enable_chunked_prefill": False,
+                "max_num_batched_tokens": 16 * self.max_model_len,
+            }
         if served.lora:
             options |= {
                 "enable_lora": True,
@@ -364,15 +373,16 @@ class VLLMEngine(RolloutEngine):
         return replies
 
     def metrics(self) -> dict[str, float]:
-        """Since this engine was made: ``engine/start_seconds`` (the process, until it
-        listens), ``engine/weight_loads``, ``engine/sync_seconds`` (writing the weights, the
-        engine loading them and resetting its prefix cache) and of that
-        ``engine/load_seconds`` (inside the engine process)."""
+        """Since this engine's process started (a resumed run's starts anew, so these are
+        ``time/``, with the timings, not reproducible figures): ``time/engine_start_s`` (until
+        it listens), ``time/engine_weight_loads``, ``time/engine_sync_s`` (writing the weights,
+        the engine loading them and resetting its prefix cache) and of that
+        ``time/engine_load_s`` (inside the engine process)."""
         return {
-            "engine/start_seconds": self._seconds["start"],
-            "engine/weight_loads": float(self._loads),
-            "engine/sync_seconds": self._seconds["sync"],
-            "engine/load_seconds": self._seconds["load"],
+            names.ENGINE_START_S: self._seconds["start"],
+            names.ENGINE_WEIGHT_LOADS: float(self._loads),
+            names.ENGINE_SYNC_S: self._seconds["sync"],
+            names.ENGINE_LOAD_S: self._seconds["load"],
         }
 
 

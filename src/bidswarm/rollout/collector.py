@@ -171,5 +171,5 @@ class Collector:
         metrics |= self.updates_made(update)
         metrics |= {names.UPDATE: float(update), names.UPDATE_IS_BID: float(kind == UpdateKind.bid)}
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
-        metrics |= swarm.engine.metrics()  # engine/*: its start-up and weight syncs so far
+        metrics |= swarm.engine.metrics()  # time/engine_*: its start-up and weight syncs so far
         return kind, batches, metrics
