@@ -363,9 +363,13 @@ def learner_gap(generations: list) -> torch.Tensor:
 def engines_for(
     bench: Bench, vllm: bool, vllm_dtype: torch.dtype, max_model_len: int
 ) -> dict[str, RolloutEngine]:
-    """The ``hf`` variants (:data:`HF_ENGINES`) and, with ``vllm``, the vLLM engine."""
+    """The ``hf`` variants (:data:`HF_ENGINES`) and, with ``vllm``, the vLLM engine. LoRA
+    agents have no bfloat16 ``hf`` variant (the ``hf`` engine keeps no reduced copy of an
+    adapted model)."""
     engines: dict[str, RolloutEngine] = {
-        name: hf_engine(dtype, heads) for name, (dtype, heads) in HF_ENGINES.items()
+        name: hf_engine(dtype, heads)
+        for name, (dtype, heads) in HF_ENGINES.items()
+        if dtype is None or not bench.population.is_lora
     }
     if vllm:
         engines["vllm"] = vllm_engine(bench.population, vllm_dtype, max_model_len)
@@ -424,13 +428,18 @@ def compare_lora_bids(name: str, n_envs: int, rounds: int, device: str) -> dict[
     return result
 
 
-def build_bench(name: str, device: str = "cpu", heads: int | None = None) -> Bench:
+def build_bench(
+    name: str, device: str = "cpu", heads: int | None = None, lora: bool = False
+) -> Bench:
     """The agents of model config ``name`` (one per crafting role) and their prompts; a tiny
     model with ``heads`` attention heads when given (2: head size 32, what vLLM's CPU
-    attention computes)."""
+    attention computes); with ``lora``, one base and an adapter per agent
+    (``model.adapter=lora``)."""
     cfg = model_config(name)
     if heads is not None:
         cfg.tiny.num_heads = heads
+    if lora:
+        cfg.adapter = Adapter.lora
     env = CraftingEnv(CraftingConfig())
     torch.manual_seed(0)
     started = time.perf_counter()
@@ -671,6 +680,17 @@ def main() -> None:
     )
     parser.add_argument("--vllm", action="store_true", help="also the vLLM engine (make vllm)")
     parser.add_argument(
+        "--engine-models",
+        nargs="*",
+        default=[],
+        help="model configs whose engines are compared beside SmolLM2's (e.g. llama_1b)",
+    )
+    parser.add_argument(
+        "--engine-lora",
+        action="store_true",
+        help="also compare the engines on LoRA agents (one base, an adapter per agent)",
+    )
+    parser.add_argument(
         "--vllm-dtype",
         default=None,
         help="vLLM's dtype (default: bfloat16 where the CPU has bfloat16 matmuls "
@@ -722,11 +742,12 @@ def main() -> None:
 
     vllm_dtype = vllm_dtype_for(args.vllm_dtype, args.device)
 
-    def engines_of(name: str, heads: int | None = None) -> dict[str, float]:
-        bench = build_bench(name, args.device, heads)
+    def engines_of(name: str, heads: int | None = None, lora: bool = False) -> dict[str, float]:
+        bench = build_bench(name, args.device, heads, lora)
         cfg = bench.cfg
         longest = cfg.max_prompt_tokens + max(cfg.max_bid_tokens, bench.max_action_tokens)
         engines = engines_for(bench, args.vllm, vllm_dtype, longest)
+        name = f"{name}_lora" if lora else name
         figures = {f"{name}/engines/threads": float(torch.get_num_threads())}
         try:
             for n_envs in args.compare_envs:
@@ -738,7 +759,7 @@ def main() -> None:
                 memory = peak_memory_gib(engines["vllm"].pid)
                 figures[f"{name}/engines/peak_memory_gib/vllm_process"] = memory
                 figures |= {
-                    f"{name}/engines/vllm/{key.removeprefix('engine/')}": value
+                    f"{name}/engines/vllm/{key.removeprefix('time/engine_')}": value
                     for key, value in engines["vllm"].metrics().items()
                 }
         finally:
@@ -775,6 +796,11 @@ def main() -> None:
             return figures | engines_of("smollm2_135m")
 
         sections.append(smollm)
+    for model in args.engine_models:  # shapes beside SmolLM2, e.g. llama_1b on a GPU
+        sections.append(lambda model=model: engines_of(model))
+    if args.engine_lora:
+        for model in ([] if args.skip_smollm else ["smollm2_135m"]) + args.engine_models:
+            sections.append(lambda model=model: engines_of(model, lora=True))
     if shape:
         sections.append(lambda: compare_lora_bids(shape, args.engine_envs, 2, args.device))
     for section in sections:

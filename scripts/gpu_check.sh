@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
-# one go (at most 7.8 minutes: the stages' limits), ending with one JSON summary on stdout:
+# one go (at most 10.8 minutes: the stages' limits), ending with one JSON summary on stdout:
 #
 #   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
 #
@@ -15,7 +15,13 @@
 #    llama_1b shape decode tokens/s vs the memory roofline, prefill and training-step MFU; the
 #    decode paths side by side (dynamic KV cache, static, static + CUDA-graph-compiled step:
 #    `*_over_dynamic`), and LoRA bids in one batch across adapters vs one batch per agent
-#    (`lora_bids/across_over_per_agent`, tiny and llama_1b).
+#    (`lora_bids/across_over_per_agent`, tiny and llama_1b);
+# 5. vllm (`model.engine=vllm`), when an interpreter with a CUDA build of vLLM is found
+#    ($BIDSWARM_VLLM_PYTHON, else .venv-vllm/bin/python, else $PY itself): the engines side by
+#    side (hf kept heads, hf bfloat16, vllm) at 16 and 64 envs on SmolLM2 x 3 and the llama_1b
+#    shape, then the same on 3 LoRA agents of one base; otherwise recorded as skipped. vLLM's
+#    GPU build pins its own torch: it goes in its own environment (`make vllm` where pip
+#    reaches the registry installs the CUDA build when nvidia-smi answers), not the image's.
 #
 # Each stage has a time limit and records its exit code; a failed stage does not stop the
 # others. Python: $PYTHON, else .venv/bin/python, else python3. Packages missing from it are
@@ -79,6 +85,18 @@ if [ "$DEVICE" = cuda ] || [ -n "${GPU_CHECK_MODEL:-}" ]; then
   stage engine 120 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
     --tiny-rounds 2 --shape-model "${GPU_CHECK_ENGINE_MODEL:-llama_1b}"
 fi
+VLLM_PY=${BIDSWARM_VLLM_PYTHON:-}
+[ -n "$VLLM_PY" ] || { [ -x .venv-vllm/bin/python ] && VLLM_PY=.venv-vllm/bin/python; }
+[ -n "$VLLM_PY" ] || VLLM_PY=$PY
+if [ "$DEVICE" = cuda ] && "$VLLM_PY" -c "import vllm, torch; assert torch.cuda.is_available()" \
+    > "$DIR/vllm_probe.log" 2>&1; then
+  export BIDSWARM_VLLM_PYTHON=$VLLM_PY
+  stage vllm 180 "$PY" scripts/bench_rollout.py --device cuda \
+    --engines-only --vllm --compare-envs 16 64 --engine-rounds 2 \
+    --engine-models "${GPU_CHECK_ENGINE_MODEL:-llama_1b}" --engine-lora
+else
+  printf 'vllm\tskipped\t0\n' >> "$DIR/stages.tsv"
+fi
 
 "$PY" - "$DIR" <<'PY' | tee "$DIR/summary.json"
 import json, sys, datetime, xml.etree.ElementTree as ET
@@ -91,7 +109,7 @@ def last_json(name):
         return None
 summary = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 summary["stages"] = {
-    name: {"exit_code": int(rc), "seconds": int(s)}
+    name: {"exit_code": rc if rc == "skipped" else int(rc), "seconds": int(s)}
     for name, rc, s in (line.split("\t") for line in (d / "stages.tsv").read_text().splitlines())
 }
 summary["environment"] = last_json("environment")
@@ -107,5 +125,6 @@ summary["strategies"] = tests
 summary["memory_full"] = last_json("memory_full")
 summary["memory_lora"] = last_json("memory_lora")
 summary["engine"] = last_json("engine")
+summary["vllm"] = last_json("vllm")
 print(json.dumps(summary, indent=1))
 PY
