@@ -20,6 +20,7 @@ from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.memory import memo_entries
+from bidswarm.envs.quoting import quote
 
 ROLE_INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "logger": ("chop a tree", "find trees", "go to the surface"),
@@ -266,7 +267,7 @@ class CraftingEnv(TextEnv):
         before = dict(self.inventory)
         if instruction is None:
             self.invalid_replies += 1
-            said = " ".join(normalize(action).split()[:4]) or "nothing"
+            said = quote(normalize(action), 4) or "nothing"
             owner = f"a {actor_role}" if actor_role else "an"
             message = f"{who} said '{said}': not {owner} instruction"
             event = message

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bidswarm.envs.base import StepResult, TextEnv, role_name
+from bidswarm.envs.quoting import quote
 from bidswarm.envs.research.config import ResearchConfig
 from bidswarm.envs.research.corpus import (
     Document,
@@ -314,7 +315,8 @@ class ResearchEnv(TextEnv):
             outcome = None
         if outcome is not None:
             return self._wasted(outcome)
-        s["last_call"] = f"{role_name(actor_role)} {call.tool}({call.argument})"
+        argument = quote(call.argument, MESSAGE_WORDS)
+        s["last_call"] = f"{role_name(actor_role)} {call.tool}({argument})"
         s["last_caller"] = actor_role
         self._end_if_out_of_budget()
         return StepResult(reward, s["done"], valid=True)
@@ -366,7 +368,7 @@ class ResearchEnv(TextEnv):
         s["last_query"] = call.argument
         s["last_was_find"] = False
         if not hits:
-            s["last_result"] = f'search "{call.argument}": no results'
+            s["last_result"] = f'search "{quote(call.argument)}": no results'
             return None
         shown = []
         for rank, (position, _) in enumerate(hits, start=1):
@@ -374,7 +376,7 @@ class ResearchEnv(TextEnv):
             shown.append(
                 f"[{rank}] {document.id} {document.title}: {snippet(document.title, document.text)}"
             )
-        s["last_result"] = f'search "{call.argument}": ' + "; ".join(shown)
+        s["last_result"] = f'search "{quote(call.argument)}": ' + "; ".join(shown)
         return None
 
     def _open(self, call: ToolCall) -> str | None:
@@ -389,7 +391,7 @@ class ResearchEnv(TextEnv):
         elif target in self.data.position:
             position = self.data.position[target]
         else:
-            return f"no page {truncate_words(target, 3)} in the corpus"
+            return f"no page {truncate_words(quote(target), 3)} in the corpus"
         document = self.data.documents[position]
         total = page_count(document.text, self.config.page_words)
         page = 1
@@ -410,11 +412,11 @@ class ResearchEnv(TextEnv):
         matches = find_in_text(document.text, call.argument, self.config.page_words)
         s["last_was_find"] = bool(matches)
         if not matches:
-            s["last_result"] = f'find "{call.argument}" in {document.id}: no match'
+            s["last_result"] = f'find "{quote(call.argument)}" in {document.id}: no match'
             return None
         shown = matches[:FIND_MATCHES_SHOWN]
         s["notes"].append(shown[0][1])
-        s["last_result"] = f'find "{call.argument}" in {document.id}: ' + " ".join(
+        s["last_result"] = f'find "{quote(call.argument)}" in {document.id}: ' + " ".join(
             f"[p{page + 1}] {sentence}" for page, sentence in shown
         )
         self._track_hop(document, [sentence for _, sentence in shown])
@@ -444,7 +446,7 @@ class ResearchEnv(TextEnv):
             reward=s["reward"] + reward,
             done=True,
             last_was_find=False,
-            last_result=f'answered "{truncate_words(call.argument, 8)}"',
+            last_result=f'answered "{truncate_words(quote(call.argument), 8)}"',
         )
         s["judge_failures"] += int(verdict.judge_failed)
         return reward
