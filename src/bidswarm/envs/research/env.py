@@ -201,6 +201,7 @@ class ResearchEnv(TextEnv):
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
+        seed = self.begin_episode(seed)
         question = self.question_for_seed(seed)
         self._state = {
             "question_id": question.id,
@@ -281,9 +282,8 @@ class ResearchEnv(TextEnv):
         return 1 + memory.top_k * (memory.note_words + 2)
 
     def note_turn(self, actor_role: str | None) -> StepResult:
+        self.require_running("step()")
         s = self._state
-        if s["done"]:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
         s["decisions"] += 1
         s["message"] = ""
         s["last_call"] = f"{role_name(actor_role)} wrote a note"
@@ -292,9 +292,8 @@ class ResearchEnv(TextEnv):
         return StepResult(0.0, s["done"], valid=True)
 
     def act(self, actor_role: str | None, action: str) -> StepResult:
+        self.require_running("step()")
         s = self._state
-        if s["done"]:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
         s["decisions"] += 1
         s["message"] = ""
         call = parse_call(action)
@@ -322,9 +321,8 @@ class ResearchEnv(TextEnv):
         return StepResult(reward, s["done"], valid=True)
 
     def skip(self) -> StepResult:
+        self.require_running("skip()")
         s = self._state
-        if s["done"]:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
         s["decisions"] += 1
         s["message"] = ""
         self._end_if_out_of_budget()
@@ -339,6 +337,7 @@ class ResearchEnv(TextEnv):
         return self._state["done"]
 
     def episode_metrics(self) -> dict[str, float]:
+        self.require_started("episode_metrics()")
         s = self._state
         return {
             "success": float(s["success"]),
@@ -458,6 +457,7 @@ class ResearchEnv(TextEnv):
     def restore(self, state: dict[str, Any]) -> None:
         self._state = copy.deepcopy(state["state"])
         self.memory.load(state["memory"])
+        self.episode_started = True
 
     # -- scripted experts ----------------------------------------------------------------------
     def _next_expert_step(self) -> tuple[str, str] | None:
