@@ -84,6 +84,16 @@ def _file_key(path: str | None) -> tuple:
     return (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
 
 
+def index_cache_dir(config: ResearchConfig) -> Path:
+    """Where the BM25 index is saved: ``task.cache_dir``, or by default the user's cache folder
+    (``$XDG_CACHE_HOME/bidswarm/research``, ``~/.cache/bidswarm/research`` when unset), never
+    the working directory of whoever builds the env."""
+    if config.cache_dir is not None:
+        return Path(config.cache_dir).expanduser().resolve()
+    home_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(home_cache).resolve() / "bidswarm" / "research"
+
+
 def load_research_data(config: ResearchConfig) -> ResearchData:
     """Corpus, questions and index of ``config``, built once per process (index cached on disk)."""
     key = (
@@ -95,7 +105,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
         config.min_hops,
         config.max_hops,
         config.search_char_ngrams,
-        str(Path(config.cache_dir).resolve()),
+        str(index_cache_dir(config)),
     )
     if key in _SHARED:
         return _SHARED[key]
@@ -128,7 +138,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
     data = ResearchData(
         documents,
         position,
-        SearchIndex.cached(documents, config.cache_dir, config.search_char_ngrams),
+        SearchIndex.cached(documents, index_cache_dir(config), config.search_char_ngrams),
         train,
         heldout[: config.n_heldout_seeds],
     )
@@ -169,6 +179,16 @@ class ResearchEnv(TextEnv):
                 timeout_s=config.judge_timeout_s,
             )
         self._state: dict[str, Any] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the shared corpus and index (``data``): a pickle (a vector env's
+        worker, a deep copy) holds the config and the episode, and loads the data on arrival
+        (:func:`load_research_data`: once per process, the index from its cache folder)."""
+        return {key: value for key, value in self.__dict__.items() if key != "data"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.data = load_research_data(self.config)
 
     # -- seeds and prompts ---------------------------------------------------------------------
     def question_for_seed(self, seed: int) -> Question:
