@@ -20,13 +20,16 @@ from typing import Any, ClassVar
 import gymnasium
 
 from bidswarm.envs import TASKS
-from bidswarm.envs.base import MONOLITHIC, TextEnv
+from bidswarm.envs.base import MONOLITHIC, TextEnv, world_seed
 from bidswarm.envs.interop import (
     action_space,
     build_task,
+    check_render_mode,
+    check_snapshot,
     episode_end,
     observation_space,
     require_text,
+    wrapper_snapshot,
 )
 
 
@@ -42,6 +45,7 @@ class MonolithicTextEnv(gymnasium.Env[str, str]):
 
     def __init__(self, task: str, render_mode: str | None = None, **config: Any):
         """``task``: a name of ``envs.TASKS``; ``config``: fields of its config."""
+        check_render_mode(self, render_mode)
         self.task: TextEnv = build_task(task, config)
         self.render_mode = render_mode
         self.observation_space = observation_space()
@@ -51,6 +55,7 @@ class MonolithicTextEnv(gymnasium.Env[str, str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
+        seed = None if seed is None else world_seed(seed)
         super().reset(seed=seed)
         if seed is None:
             seed = int(self.np_random.integers(self.task.config.n_train_seeds))
@@ -59,6 +64,8 @@ class MonolithicTextEnv(gymnasium.Env[str, str]):
         return self.task.observation(MONOLITHIC), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """One decision by the monolithic agent; before ``reset`` or after the end,
+        ``EpisodeNotRunning`` (the task's ``step`` raises it, changing nothing)."""
         result = self.task.step(MONOLITHIC, require_text(action))
         self._actions_invalid += int(not result.valid)
         terminated, truncated = episode_end(self.task)
@@ -79,15 +86,21 @@ class MonolithicTextEnv(gymnasium.Env[str, str]):
         """Plain data: the task's snapshot, the invalid-action count and the generator's state
         (it draws the next ``reset()``'s world)."""
         return copy.deepcopy(
-            {
-                "task": self.task.snapshot(),
-                "actions_invalid": self._actions_invalid,
-                "np_random": self.np_random.bit_generator.state,
-            }
+            wrapper_snapshot(
+                "gymnasium",
+                self.task,
+                {
+                    "task": self.task.snapshot(),
+                    "actions_invalid": self._actions_invalid,
+                    "np_random": self.np_random.bit_generator.state,
+                },
+            )
         )
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Return to ``state`` (from :meth:`snapshot`); ``state`` stays reusable."""
+        """Return to ``state`` (from :meth:`snapshot`); ``state`` stays reusable. A snapshot of
+        another task or wrapper is refused before anything changes."""
+        check_snapshot("gymnasium", self.task, state)
         state = copy.deepcopy(state)
         self.task.restore(state["task"])
         self._actions_invalid = state["actions_invalid"]
