@@ -10,6 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bidswarm.envs import make_env
+from bidswarm.envs.base import EpisodeNotRunning
 from bidswarm.envs.conformance import check_fork_contract
 from bidswarm.envs.experts import play_expert_episode
 from bidswarm.envs.navigation import NavigationConfig, NavigationEnv
@@ -199,8 +200,10 @@ def test_roles_own_their_actions(env):
     assert env.heading == (heading + 30) % 360
     result = env.step(None, "stop")  # the monolithic actor owns every action
     assert result.valid and result.done and env.done
-    after = env.step("turner", "turn left 15 degree")
-    assert after.done and not after.valid
+    state = env.snapshot()
+    with pytest.raises(EpisodeNotRunning, match="after the episode ended"):
+        env.step("turner", "turn left 15 degree")
+    assert env.snapshot() == state
 
 
 def test_walls_stop_the_robot(env):

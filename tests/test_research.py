@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from bidswarm.envs import TASKS, env_class
+from bidswarm.envs.base import EpisodeNotRunning
 from bidswarm.envs.conformance import check_fork_contract, random_reply
 from bidswarm.envs.experts import play_expert_episode
 from bidswarm.envs.research import ResearchConfig, ResearchEnv
@@ -341,8 +342,10 @@ def test_wrong_answer_ends_with_zero_reward_and_monolithic_owns_every_tool(env):
     result = env.step(None, "answer(Nobody Special)")
     assert result.valid and result.done and result.reward == 0.0
     assert env.episode_metrics()["success"] == 0.0 and env.episode_metrics()["decisions"] == 3
-    after = env.step(None, "answer(again)")
-    assert not after.valid and after.done and env.decisions_made == 3
+    state = env.snapshot()
+    with pytest.raises(EpisodeNotRunning, match="after the episode ended"):
+        env.step(None, "answer(again)")
+    assert env.snapshot() == state and env.decisions_made == 3
 
 
 def test_budget_ends_the_episode(cache_dir):

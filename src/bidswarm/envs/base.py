@@ -20,6 +20,7 @@ write, and spends a reply that is only a note as a turn (``note_turn``).
 from __future__ import annotations
 
 import abc
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -36,6 +37,29 @@ MONOLITHIC = None
 """``actor_role`` of a single agent that owns every role's actions (the monolithic baseline)."""
 MONOLITHIC_NAME = "monolithic"
 """How prompts, messages, metrics, folders and ``coordination.name`` spell that agent."""
+
+
+class EpisodeNotRunning(RuntimeError):
+    """``step()`` (or ``skip()``) with no episode running: before the first ``reset(seed)`` (or
+    ``restore``), or after the episode ended. Raised before anything changes, by every task
+    and every wrapper, with the message :meth:`TextEnv.require_running` writes."""
+
+
+def world_seed(seed: Any) -> int:
+    """``seed`` as the ``int`` that names a world: any integer-like (``int``, ``numpy.int64``,
+    anything with ``__index__``) that is >= 0. Every task's ``reset`` and every wrapper's reads a
+    seed through here, so ``1.5``, ``"3"``, ``True`` or ``-1`` fail the same way everywhere."""
+    if isinstance(seed, bool):
+        raise TypeError(f"seed={seed!r}: a world seed is an integer >= 0, not a bool")
+    try:
+        value = operator.index(seed)
+    except TypeError:
+        raise TypeError(
+            f"seed={seed!r}: a world seed is an integer >= 0, not {type(seed).__name__}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"seed={seed!r}: a world seed is an integer >= 0")
+    return value
 
 
 def role_name(role: str | None) -> str:
@@ -103,6 +127,8 @@ class TextEnv(abc.ABC):
             raise ValueError("; ".join(problems))
         self.config = config
         self.memory = SharedMemory(config.memory)
+        self.episode_started = False
+        """Whether an episode was started (``reset``) or restored; ``step`` refuses before."""
 
     # -- seeds ---------------------------------------------------------------------------------
     def train_seeds(self) -> list[int]:
@@ -146,11 +172,38 @@ class TextEnv(abc.ABC):
     # -- episode -------------------------------------------------------------------------------
     @abc.abstractmethod
     def reset(self, seed: int) -> None:
-        """Start a new episode in the world of ``seed``."""
+        """Start a new episode in the world of ``seed``; begins with :meth:`begin_episode`."""
+
+    def begin_episode(self, seed: Any) -> int:
+        """What every task's ``reset`` does first: ``seed`` read by :func:`world_seed` (an odd
+        seed fails here, before anything changes), and the env marked as playing an episode."""
+        seed = world_seed(seed)
+        self.episode_started = True
+        return seed
+
+    def require_started(self, call: str) -> None:
+        """Raise :class:`EpisodeNotRunning` before the first ``reset`` (or ``restore``);
+        ``call`` names what was asked, e.g. ``"observation()"``."""
+        if not self.episode_started:
+            raise EpisodeNotRunning(
+                f"{self.config.name}: {call} before reset(); call reset(seed) first"
+            )
+
+    def require_running(self, call: str) -> None:
+        """:meth:`require_started`, and raise :class:`EpisodeNotRunning` once the episode has
+        ended (``call``: e.g. ``"step()"``)."""
+        self.require_started(call)
+        if self.done:
+            made, budget = self.decisions_made, self.config.max_decisions
+            raise EpisodeNotRunning(
+                f"{self.config.name}: {call} after the episode ended (decision {made} of "
+                f"{budget}); call reset(seed) to play another"
+            )
 
     def observation(self, role: str | None) -> str:
         """The local context text of ``role`` (None: the monolithic agent) at this step: its
         screen, then the notes the shared memory shows for it."""
+        self.require_started("observation()")
         screen = self.screen(role)
         if not self.memory.enabled:
             return screen
@@ -162,8 +215,10 @@ class TextEnv(abc.ABC):
 
         With the memory on, a ``note:`` is taken off the reply and written after the action
         (a reply that is only a note is a :meth:`note_turn`); the result's ``memory`` holds the
-        notes the actor's observation showed and the note written.
+        notes the actor's observation showed and the note written. Before ``reset`` or after
+        the episode ended it raises :class:`EpisodeNotRunning` and changes nothing.
         """
+        self.require_running("step()")
         if not self.memory.enabled:
             return self.act(actor_role, action)
         reads = self.memory.read(self.screen(actor_role))
@@ -193,7 +248,8 @@ class TextEnv(abc.ABC):
 
     @abc.abstractmethod
     def skip(self) -> StepResult:
-        """A step with no actor (every bid was 0): the world does not advance, the budget does."""
+        """A step with no actor (every bid was 0): the world does not advance, the budget does;
+        :meth:`require_running` first."""
 
     @property
     @abc.abstractmethod
@@ -216,7 +272,8 @@ class TextEnv(abc.ABC):
 
     @abc.abstractmethod
     def restore(self, state: Any) -> None:
-        """Return to ``state``; ``state`` stays reusable (restore twice gives the same future)."""
+        """Return to ``state``; ``state`` stays reusable (restore twice gives the same future).
+        A restored env plays an episode (``episode_started``), also one never reset."""
 
     # -- scripted experts ----------------------------------------------------------------------
     @abc.abstractmethod

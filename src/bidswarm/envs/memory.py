@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from bidswarm.envs.quoting import quote_word
+
 NOTE_MARKER = re.compile(r"\bnote:", re.IGNORECASE)
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -144,13 +146,15 @@ class SharedMemory:
         return "Memo: " + " | ".join(f"{r.writer}: {by_step[r.step].text}" for r in shown)
 
     def write(self, step: int, writer: str, text: str) -> tuple[Note | None, bool]:
-        """Keep a note (cut to ``note_words``); forget the oldest when full. An empty note is
-        not written. Returns (the note kept, whether it was cut)."""
+        """Keep a note (cut to ``note_words``, each word as observations quote it:
+        ``envs/quoting.py``); forget the oldest when full. An empty note is not written.
+        Returns (the note kept, whether it was cut)."""
         tokens = text.split()
         if not tokens:
             return None, False
-        cut = len(tokens) > self.config.note_words
-        note = Note(step, writer, " ".join(tokens[: self.config.note_words]))
+        kept = [quote_word(token) for token in tokens[: self.config.note_words]]
+        cut = len(tokens) > self.config.note_words or kept != tokens[: self.config.note_words]
+        note = Note(step, writer, " ".join(kept))
         self.notes.append(note)
         del self.notes[: -self.config.size]
         self.writes += 1

@@ -32,14 +32,17 @@ from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
 from bidswarm.algorithms.auction import run_auction
-from bidswarm.envs.base import MONOLITHIC, StepResult, TextEnv
+from bidswarm.envs.base import MONOLITHIC, StepResult, TextEnv, world_seed
 from bidswarm.envs.experts import parse_bid
 from bidswarm.envs.interop import (
     action_space,
     build_task,
+    check_render_mode,
+    check_snapshot,
     episode_end,
     observation_space,
     require_text,
+    wrapper_snapshot,
 )
 
 BID_LEVELS: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8)
@@ -73,6 +76,15 @@ class _RoleSpaces:
         return self._action_spaces[agent]
 
 
+def _seeded(seed: Any, rng: random.Random) -> tuple[int | None, random.Random]:
+    """``seed`` read by :func:`~bidswarm.envs.base.world_seed` (None stays None), and the
+    wrapper's RNG: a fresh one seeded by it, else ``rng``."""
+    if seed is None:
+        return None, rng
+    seed = world_seed(seed)
+    return seed, random.Random(seed)
+
+
 def _world_seed(task: TextEnv, seed: int | None, rng: random.Random) -> int:
     """World ``seed`` when given, else a training world drawn from ``rng``."""
     return seed if seed is not None else rng.randrange(task.config.n_train_seeds)
@@ -104,6 +116,7 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
         bid_levels: Sequence[float] = BID_LEVELS,
         render_mode: str | None = None,
     ):
+        check_render_mode(self, render_mode)
         AECEnv.__init__(self)
         _RoleSpaces.__init__(self, task.roles)
         self.task = task
@@ -113,6 +126,7 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
         self.agents: list[str] = []
         self._rng = random.Random()
         self._reset_bookkeeping()
+        self.agents = []  # no episode until reset()
 
     def _reset_bookkeeping(self) -> None:
         self.agents = list(self.possible_agents)
@@ -130,8 +144,7 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         """Start world ``seed`` (``TextEnv.reset``) with the auction's RNG seeded by it; without
         a seed, a training world drawn from that RNG. ``options`` are not read."""
-        if seed is not None:
-            self._rng = random.Random(seed)
+        seed, self._rng = _seeded(seed, self._rng)
         self.task.reset(_world_seed(self.task, seed, self._rng))
         self._reset_bookkeeping()
 
@@ -139,6 +152,10 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
         return TextObservation(self.task.observation(agent))
 
     def step(self, action: str | None) -> None:
+        """The selected role's reply (None once it is dead, as PettingZoo asks); before
+        ``reset`` or after every role left the ended episode, ``EpisodeNotRunning``."""
+        if not self.agents:
+            self.task.require_running("step()")
         agent = self.agent_selection
         if self.terminations[agent] or self.truncations[agent]:
             self._was_dead_step(action)
@@ -193,25 +210,31 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
         """Plain data: the task's snapshot and everything of the AEC game that decides what
         comes next (phase, bids so far, whose turn, live agents, rewards, infos, the RNG)."""
         return copy.deepcopy(
-            {
-                "task": self.task.snapshot(),
-                "rng": self._rng.getstate(),
-                "phase": self._phase,
-                "bids": self._bids,
-                "counts": self._counts,
-                "agents": self.agents,
-                "agent_selection": self.agent_selection,
-                "skip_agent_selection": self._skip_agent_selection,
-                "rewards": self.rewards,
-                "cumulative_rewards": self._cumulative_rewards,
-                "terminations": self.terminations,
-                "truncations": self.truncations,
-                "infos": self.infos,
-            }
+            wrapper_snapshot(
+                "aec",
+                self.task,
+                {
+                    "task": self.task.snapshot(),
+                    "rng": self._rng.getstate(),
+                    "phase": self._phase,
+                    "bids": self._bids,
+                    "counts": self._counts,
+                    "agents": self.agents,
+                    "agent_selection": self.agent_selection,
+                    "skip_agent_selection": self._skip_agent_selection,
+                    "rewards": self.rewards,
+                    "cumulative_rewards": self._cumulative_rewards,
+                    "terminations": self.terminations,
+                    "truncations": self.truncations,
+                    "infos": self.infos,
+                },
+            ),
         )
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Return to ``state`` (from :meth:`snapshot`); ``state`` stays reusable."""
+        """Return to ``state`` (from :meth:`snapshot`); ``state`` stays reusable. A snapshot of
+        another task or wrapper is refused before anything changes."""
+        check_snapshot("aec", self.task, state)
         state = copy.deepcopy(state)
         self.task.restore(state["task"])
         self._rng.setstate(state["rng"])
@@ -258,6 +281,7 @@ class TextParallelEnv(_RoleSpaces, ParallelEnv):
     metadata: ClassVar[dict[str, Any]] = {"name": "bidswarm_parallel_v0", "render_modes": ["ansi"]}
 
     def __init__(self, task: TextEnv, choose_actor: ChooseActor, render_mode: str | None = None):
+        check_render_mode(self, render_mode)
         _RoleSpaces.__init__(self, task.roles)
         self.task = task
         self.choose_actor = choose_actor
@@ -272,8 +296,7 @@ class TextParallelEnv(_RoleSpaces, ParallelEnv):
         self, seed: int | None = None, options: dict | None = None
     ) -> tuple[dict[str, str], dict[str, dict]]:
         """As :meth:`TextAuctionEnv.reset`; returns each role's observation and an empty info."""
-        if seed is not None:
-            self._rng = random.Random(seed)
+        seed, self._rng = _seeded(seed, self._rng)
         self.task.reset(_world_seed(self.task, seed, self._rng))
         self.agents = list(self.possible_agents)
         self._previous_actor = None
@@ -284,7 +307,10 @@ class TextParallelEnv(_RoleSpaces, ParallelEnv):
         return {agent: TextObservation(self.task.observation(agent)) for agent in agents}
 
     def step(self, actions: dict[str, str]) -> tuple[dict, dict, dict, dict, dict]:
-        """Carry out the chosen role's action (or skip); every live role must propose one."""
+        """Carry out the chosen role's action (or skip); every live role must propose one.
+        Before ``reset`` or after the end, ``EpisodeNotRunning``."""
+        if not self.agents:
+            self.task.require_running("step()")
         if set(actions) != set(self.agents):
             raise ValueError(f"need one action per live role {self.agents}, got {sorted(actions)}")
         turn = Turn(
@@ -327,17 +353,23 @@ class TextParallelEnv(_RoleSpaces, ParallelEnv):
     def snapshot(self) -> dict[str, Any]:
         """Plain data: the task's snapshot, the live roles, the previous actor and the RNG."""
         return copy.deepcopy(
-            {
-                "task": self.task.snapshot(),
-                "rng": self._rng.getstate(),
-                "agents": self.agents,
-                "previous_actor": self._previous_actor,
-                "counts": self._counts,
-            }
+            wrapper_snapshot(
+                "parallel",
+                self.task,
+                {
+                    "task": self.task.snapshot(),
+                    "rng": self._rng.getstate(),
+                    "agents": self.agents,
+                    "previous_actor": self._previous_actor,
+                    "counts": self._counts,
+                },
+            )
         )
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Return to ``state`` (from :meth:`snapshot`); ``state`` stays reusable."""
+        """Return to ``state`` (from :meth:`snapshot`); ``state`` stays reusable. A snapshot of
+        another task or wrapper is refused before anything changes."""
+        check_snapshot("parallel", self.task, state)
         state = copy.deepcopy(state)
         self.task.restore(state["task"])
         self._rng.setstate(state["rng"])

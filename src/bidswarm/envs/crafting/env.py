@@ -20,6 +20,7 @@ from bidswarm.envs.base import StepResult, TextEnv, role_name
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.memory import memo_entries
+from bidswarm.envs.quoting import quote
 
 ROLE_INSTRUCTIONS: dict[str, tuple[str, ...]] = {
     "logger": ("chop a tree", "find trees", "go to the surface"),
@@ -142,7 +143,8 @@ class CraftingEnv(TextEnv):
             name: techtree.break_frames(name, 1.0, config.frames_per_hardness)
             for name in ("dirt", "oak_log")
         }
-        self.reset(0)
+        self.reset(0)  # every attribute exists; an episode starts with the caller's reset
+        self.episode_started = False
 
     # -- seeds and world -------------------------------------------------------------------
     def _draw_world(self, seed: int) -> None:
@@ -156,6 +158,7 @@ class CraftingEnv(TextEnv):
         self.trees = world.randint(0, 2 + int(5 * self.tree_density))
 
     def reset(self, seed: int) -> None:
+        seed = self.begin_episode(seed)
         self.seed = seed
         self._draw_world(seed)
         self.rng = random.Random(seed)
@@ -239,16 +242,14 @@ class CraftingEnv(TextEnv):
         return self._done
 
     def skip(self) -> StepResult:
-        if self._done:
-            raise RuntimeError("skip() after the episode ended; call reset()")
+        self.require_running("skip()")
         self._decisions += 1
         self._done = self._decisions >= self.config.max_decisions
         self._touch()
         return StepResult(0.0, self._done)
 
     def note_turn(self, actor_role: str | None) -> StepResult:
-        if self._done:
-            raise RuntimeError("step() after the episode ended; call reset()")
+        self.require_running("step()")
         self._decisions += 1
         self.history.append(f"{role_name(actor_role)} wrote a note")
         del self.history[: -self.config.history_length or len(self.history)]
@@ -257,8 +258,7 @@ class CraftingEnv(TextEnv):
         return StepResult(0.0, self._done, True, "wrote a note")
 
     def act(self, actor_role: str | None, action: str) -> StepResult:
-        if self._done:
-            raise RuntimeError("step() after the episode ended; call reset()")
+        self.require_running("step()")
         if actor_role not in self._allowed:
             raise ValueError(f"unknown role {actor_role!r}; roles are {self.roles} or None")
         who = role_name(actor_role)
@@ -266,7 +266,7 @@ class CraftingEnv(TextEnv):
         before = dict(self.inventory)
         if instruction is None:
             self.invalid_replies += 1
-            said = " ".join(normalize(action).split()[:4]) or "nothing"
+            said = quote(normalize(action), 4) or "nothing"
             owner = f"a {actor_role}" if actor_role else "an"
             message = f"{who} said '{said}': not {owner} instruction"
             event = message
@@ -527,6 +527,7 @@ class CraftingEnv(TextEnv):
         self._done = state["done"]
         self.invalid_replies, self.frames_used = state["counters"]
         self.memory.load(state["memory"])
+        self.episode_started = True
         self._touch()
 
     # -- scripted experts ------------------------------------------------------------------

@@ -237,6 +237,7 @@ class MineStudioCraftingEnv(TextEnv):
         return describe_role(role)
 
     def reset(self, seed: int) -> None:
+        seed = self.begin_episode(seed)
         self.seed = seed
         self._open_world(seed)
         self.prefix: list[tuple[str | None, str] | None] = []
@@ -266,6 +267,7 @@ class MineStudioCraftingEnv(TextEnv):
         )
 
     def skip(self) -> StepResult:
+        self.require_running("skip()")
         self.prefix.append(None)
         self._finish_step()
         return StepResult(0.0, self._done)

@@ -11,6 +11,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from bidswarm.envs.quoting import quote
+
 TURN_DEGREES = (15, 30, 45)
 MOVE_CENTIMETRES = (25, 50, 75)
 TURN_STEP_DEGREES = 15
@@ -91,7 +93,7 @@ def role_may_act(role: str | None, action: NavAction) -> bool:
 
 def rejection_message(role: str | None, reply: str, action: NavAction | None) -> str:
     """Feedback for a wasted turn, shown in the next observation."""
-    shown = " ".join(reply.split())[:40]
+    shown = quote(reply)[:40]
     if action is None:
         return f"'{shown}' is not an action"
     return f"{role} cannot {action.kind.replace('_', ' ')}: {action.role}'s action"

@@ -68,8 +68,7 @@ class NavigationRules(TextEnv):
         carry it out, else (None, the wasted turn's result)."""
         if actor_role is not None and actor_role not in ROLES:
             raise ValueError(f"unknown navigation role {actor_role!r}; roles are {ROLES}")
-        if self._done:
-            return None, StepResult(0.0, True, valid=False, message="the episode is over")
+        self.require_running("step()")
         self._decisions += 1
         command = parse_action(action)
         if command is None or not role_may_act(actor_role, command):
@@ -79,16 +78,14 @@ class NavigationRules(TextEnv):
         return command, None
 
     def note_turn(self, actor_role: str | None) -> StepResult:
-        if self._done:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
+        self.require_running("step()")
         self._decisions += 1
         self._last = f"{role_name(actor_role)} wrote a note"
         self._done = self._decisions >= self.config.max_decisions
         return StepResult(0.0, self._done, message=self._last)
 
     def skip(self) -> StepResult:
-        if self._done:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
+        self.require_running("skip()")
         self._decisions += 1
         self._last = "no one acted"
         self._done = self._decisions >= self.config.max_decisions

@@ -147,6 +147,7 @@ class NavigationEnv(NavigationRules):
     # -- text ----------------------------------------------------------------------------------
     # -- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
+        seed = self.begin_episode(seed)
         episode = self.episode_of(seed)
         self._episode = episode
         self._position = episode.start
@@ -166,7 +167,7 @@ class NavigationEnv(NavigationRules):
     @property
     def episode(self) -> Episode:
         if self._episode is None:
-            raise RuntimeError("call reset(seed) before using the navigation environment")
+            self.require_started("using the world")
         return self._episode
 
     @property

@@ -214,6 +214,7 @@ class HabitatNavigationEnv(NavigationRules):
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
+        seed = self.begin_episode(seed)
         self._env.current_episode = self._episodes[seed % len(self._episodes)]
         self._env.reset()
         self._seed = seed

@@ -21,7 +21,8 @@ class ResearchConfig(TaskConfig):
     n_train_seeds / n_heldout_seeds: how many questions of each split the generated world
         has (a given file's own split sizes win; held-out seeds then use its first
         ``n_heldout_seeds`` held-out questions).
-    cache_dir: where the BM25 index is saved, keyed on a hash of the corpus.
+    cache_dir: where the BM25 index is saved, keyed on a hash of the corpus; None: the user's
+        cache folder (``$XDG_CACHE_HOME/bidswarm/research``, else ``~/.cache/...``).
     judge: ``match`` (normalised exact match or token F1 >= ``f1_threshold``) or ``llm``
         (an OpenAI-compatible endpoint at ``judge_url``; key from the environment variable
         named by ``judge_api_key_env``, never from the config).
@@ -37,7 +38,7 @@ class ResearchConfig(TaskConfig):
     world_seed: int = 0
     min_hops: int = 2
     max_hops: int = 4
-    cache_dir: str = "outputs/cache/research"
+    cache_dir: str | None = None
     search_top_k: int = 3
     search_char_ngrams: int = 3
     """Words are also indexed as character n-grams of this length, so a query with a misspelt

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bidswarm.envs.base import StepResult, TextEnv, role_name
+from bidswarm.envs.quoting import quote
 from bidswarm.envs.research.config import ResearchConfig
 from bidswarm.envs.research.corpus import (
     Document,
@@ -83,6 +84,16 @@ def _file_key(path: str | None) -> tuple:
     return (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
 
 
+def index_cache_dir(config: ResearchConfig) -> Path:
+    """Where the BM25 index is saved: ``task.cache_dir``, or by default the user's cache folder
+    (``$XDG_CACHE_HOME/bidswarm/research``, ``~/.cache/bidswarm/research`` when unset), never
+    the working directory of whoever builds the env."""
+    if config.cache_dir is not None:
+        return Path(config.cache_dir).expanduser().resolve()
+    home_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(home_cache).resolve() / "bidswarm" / "research"
+
+
 def load_research_data(config: ResearchConfig) -> ResearchData:
     """Corpus, questions and index of ``config``, built once per process (index cached on disk)."""
     key = (
@@ -94,7 +105,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
         config.min_hops,
         config.max_hops,
         config.search_char_ngrams,
-        str(Path(config.cache_dir).resolve()),
+        str(index_cache_dir(config)),
     )
     if key in _SHARED:
         return _SHARED[key]
@@ -127,7 +138,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
     data = ResearchData(
         documents,
         position,
-        SearchIndex.cached(documents, config.cache_dir, config.search_char_ngrams),
+        SearchIndex.cached(documents, index_cache_dir(config), config.search_char_ngrams),
         train,
         heldout[: config.n_heldout_seeds],
     )
@@ -169,6 +180,16 @@ class ResearchEnv(TextEnv):
             )
         self._state: dict[str, Any] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the shared corpus and index (``data``): a pickle (a vector env's
+        worker, a deep copy) holds the config and the episode, and loads the data on arrival
+        (:func:`load_research_data`: once per process, the index from its cache folder)."""
+        return {key: value for key, value in self.__dict__.items() if key != "data"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.data = load_research_data(self.config)
+
     # -- seeds and prompts ---------------------------------------------------------------------
     def question_for_seed(self, seed: int) -> Question:
         """Held-out seeds (from ``heldout_seed_offset``) ask held-out questions, others training."""
@@ -200,6 +221,7 @@ class ResearchEnv(TextEnv):
 
     # -- episode -------------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
+        seed = self.begin_episode(seed)
         question = self.question_for_seed(seed)
         self._state = {
             "question_id": question.id,
@@ -280,9 +302,8 @@ class ResearchEnv(TextEnv):
         return 1 + memory.top_k * (memory.note_words + 2)
 
     def note_turn(self, actor_role: str | None) -> StepResult:
+        self.require_running("step()")
         s = self._state
-        if s["done"]:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
         s["decisions"] += 1
         s["message"] = ""
         s["last_call"] = f"{role_name(actor_role)} wrote a note"
@@ -291,9 +312,8 @@ class ResearchEnv(TextEnv):
         return StepResult(0.0, s["done"], valid=True)
 
     def act(self, actor_role: str | None, action: str) -> StepResult:
+        self.require_running("step()")
         s = self._state
-        if s["done"]:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
         s["decisions"] += 1
         s["message"] = ""
         call = parse_call(action)
@@ -314,15 +334,15 @@ class ResearchEnv(TextEnv):
             outcome = None
         if outcome is not None:
             return self._wasted(outcome)
-        s["last_call"] = f"{role_name(actor_role)} {call.tool}({call.argument})"
+        argument = quote(call.argument, MESSAGE_WORDS)
+        s["last_call"] = f"{role_name(actor_role)} {call.tool}({argument})"
         s["last_caller"] = actor_role
         self._end_if_out_of_budget()
         return StepResult(reward, s["done"], valid=True)
 
     def skip(self) -> StepResult:
+        self.require_running("skip()")
         s = self._state
-        if s["done"]:
-            return StepResult(0.0, True, valid=False, message="the episode is over")
         s["decisions"] += 1
         s["message"] = ""
         self._end_if_out_of_budget()
@@ -337,6 +357,7 @@ class ResearchEnv(TextEnv):
         return self._state["done"]
 
     def episode_metrics(self) -> dict[str, float]:
+        self.require_started("episode_metrics()")
         s = self._state
         return {
             "success": float(s["success"]),
@@ -366,7 +387,7 @@ class ResearchEnv(TextEnv):
         s["last_query"] = call.argument
         s["last_was_find"] = False
         if not hits:
-            s["last_result"] = f'search "{call.argument}": no results'
+            s["last_result"] = f'search "{quote(call.argument)}": no results'
             return None
         shown = []
         for rank, (position, _) in enumerate(hits, start=1):
@@ -374,7 +395,7 @@ class ResearchEnv(TextEnv):
             shown.append(
                 f"[{rank}] {document.id} {document.title}: {snippet(document.title, document.text)}"
             )
-        s["last_result"] = f'search "{call.argument}": ' + "; ".join(shown)
+        s["last_result"] = f'search "{quote(call.argument)}": ' + "; ".join(shown)
         return None
 
     def _open(self, call: ToolCall) -> str | None:
@@ -389,7 +410,7 @@ class ResearchEnv(TextEnv):
         elif target in self.data.position:
             position = self.data.position[target]
         else:
-            return f"no page {truncate_words(target, 3)} in the corpus"
+            return f"no page {truncate_words(quote(target), 3)} in the corpus"
         document = self.data.documents[position]
         total = page_count(document.text, self.config.page_words)
         page = 1
@@ -410,11 +431,11 @@ class ResearchEnv(TextEnv):
         matches = find_in_text(document.text, call.argument, self.config.page_words)
         s["last_was_find"] = bool(matches)
         if not matches:
-            s["last_result"] = f'find "{call.argument}" in {document.id}: no match'
+            s["last_result"] = f'find "{quote(call.argument)}" in {document.id}: no match'
             return None
         shown = matches[:FIND_MATCHES_SHOWN]
         s["notes"].append(shown[0][1])
-        s["last_result"] = f'find "{call.argument}" in {document.id}: ' + " ".join(
+        s["last_result"] = f'find "{quote(call.argument)}" in {document.id}: ' + " ".join(
             f"[p{page + 1}] {sentence}" for page, sentence in shown
         )
         self._track_hop(document, [sentence for _, sentence in shown])
@@ -444,7 +465,7 @@ class ResearchEnv(TextEnv):
             reward=s["reward"] + reward,
             done=True,
             last_was_find=False,
-            last_result=f'answered "{truncate_words(call.argument, 8)}"',
+            last_result=f'answered "{truncate_words(quote(call.argument), 8)}"',
         )
         s["judge_failures"] += int(verdict.judge_failed)
         return reward
@@ -456,6 +477,7 @@ class ResearchEnv(TextEnv):
     def restore(self, state: dict[str, Any]) -> None:
         self._state = copy.deepcopy(state["state"])
         self.memory.load(state["memory"])
+        self.episode_started = True
 
     # -- scripted experts ----------------------------------------------------------------------
     def _next_expert_step(self) -> tuple[str, str] | None:

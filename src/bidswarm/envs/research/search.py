@@ -1,12 +1,12 @@
 """BM25 search over the corpus (``bm25s``), built once and cached on disk by corpus hash.
 
 The index is immutable after it is built: environments share one instance and it is never
-part of an environment snapshot. Results of a query are memoised for the same reason.
+part of an environment snapshot. Results of a query are memoised for the same reason, in a plain
+dict (an index, and an environment holding one, pickles).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import shutil
@@ -52,6 +52,8 @@ STOPWORDS = frozenset(
 )
 TITLE_CANDIDATES = 10
 """Candidates beyond ``k`` searched for a page whose title is the query."""
+MEMO_SIZE = 65536
+"""Query results an index remembers; when full, it forgets them all and starts again."""
 INDEX_VERSION = 2
 """Bumped when tokenisation or indexed fields change, so old caches are rebuilt."""
 
@@ -86,7 +88,7 @@ class SearchIndex:
         self.retriever = retriever
         self.char_ngrams = char_ngrams
         """Words are also indexed as character n-grams of this length (0: words only)."""
-        self.search = functools.lru_cache(maxsize=65536)(self._search)
+        self._memo: dict[tuple[str, int], tuple[tuple[int, float], ...]] = {}
 
     @classmethod
     def build(cls, documents: list[Document], char_ngrams: int = 0) -> SearchIndex:
@@ -122,8 +124,18 @@ class SearchIndex:
             shutil.rmtree(staging, ignore_errors=True)
         return index
 
+    def search(self, query: str, k: int) -> tuple[tuple[int, float], ...]:
+        """The top ``k`` (position, score), a page titled exactly ``query`` first (memoised)."""
+        hits = self._memo.get((query, k))
+        if hits is None:
+            hits = self._search(query, k)
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[(query, k)] = hits
+        return hits
+
     def _search(self, query: str, k: int) -> tuple[tuple[int, float], ...]:
-        """The top ``k`` (position, score), a page titled exactly ``query`` first.
+        """:meth:`search` without the memo.
 
         A search for a name should give that entity's own page first, but BM25 can rank a
         short page mentioning the name more often (an observatory named after its city) above
