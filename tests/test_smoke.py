@@ -1,4 +1,5 @@
-"""``debug=smoke`` earns training reward on each task it is sized for, and says so at the end."""
+"""At the canary's sizes (``debug=smoke`` and ``tests/canary.py``'s overrides) a run earns training
+reward on crafting, and its last lines say so."""
 
 from __future__ import annotations
 
@@ -9,22 +10,22 @@ import sys
 
 import pytest
 
+from canary import OVERRIDES
 from conftest import ROOT
 
 TASKS = {"crafting": []}
-"""Task -> the overrides that pick it under ``debug=smoke`` (crafting is the default task)."""
+"""Task -> the overrides that pick it (crafting is the default task)."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(TASKS))
-def test_the_smoke_profile_earns_training_reward_and_prints_it(task, tmp_path):
+def test_the_canary_sizes_earn_training_reward_and_print_it(task, tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     command = [
         sys.executable,
         "-m",
         "bidswarm.train",
-        "debug=smoke",
-        "logger=csv",
+        *OVERRIDES,
         f"hydra.run.dir={tmp_path / 'run'}",
         *TASKS[task],
     ]
