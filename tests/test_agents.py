@@ -21,7 +21,7 @@ from bidswarm.agents.tokenizer import build_tokenizer
 from bidswarm.config import ModelConfig, TinyArchConfig
 from bidswarm.engines.hf import HFDecoder
 from bidswarm.engines.sampling import sample_tokens
-from bidswarm.envs import env_class
+from bidswarm.envs import TASKS, env_class
 from bidswarm.run.demonstrations import (
     ACTION_LIMIT_WORLDS,
     REPLY_TOKEN_MARGIN,
@@ -529,7 +529,7 @@ def test_inverse_cdf_sampling_draws_from_the_softmax():
     assert torch.equal(tokens, again)
 
 
-@pytest.mark.parametrize("task", ["crafting", "navigation", "research"])
+@pytest.mark.parametrize("task", sorted(TASKS))
 def test_derived_action_token_limit_fits_every_expert_reply(task):
     env_type = env_class(task)
     env = env_type(env_type.Config())

@@ -94,6 +94,48 @@ def test_the_schema_defaults_are_the_values_train_yaml_writes(section):
         )
 
 
+SCHEMA_GROUPS = ["task", "model", "coordination", "credit", "trainer", "logger"]
+"""The component groups: each option starts from its group's schema (``<name>_schema``)."""
+
+
+def leaves(node: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """``(dotted key, value)`` of every leaf of a plain nested dict."""
+    found = []
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            found += leaves(value, f"{prefix}{key}.")
+        else:
+            found.append((f"{prefix}{key}", value))
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    [path for group in SCHEMA_GROUPS for path in sorted((CONF / group).glob("*.yaml"))],
+    ids=lambda path: f"{path.parent.name}/{path.stem}",
+)
+def test_a_group_option_writes_only_what_differs_from_its_schema(path):
+    """One home per default: the schema. An option's YAML names the option and the values in
+    which it differs; a value equal to the schema's default would be a second home that could
+    drift from it."""
+    from hydra.core.config_store import ConfigStore
+
+    raw = OmegaConf.to_container(OmegaConf.load(path))
+    schemas = [d for d in raw.pop("defaults") if isinstance(d, str) and d.endswith("_schema")]
+    assert len(schemas) == 1, f"{path.name}: its defaults name no schema"
+    schema = ConfigStore.instance().load(f"{path.parent.name}/{schemas[0]}.yaml").node
+    restated = []
+    for key, value in leaves(raw):
+        if OmegaConf.is_missing(schema, key.split(".")[0]):
+            continue  # a required choice (``name`` of a rule): the option must write it
+        default = OmegaConf.select(schema, key)
+        if OmegaConf.is_config(default):
+            default = OmegaConf.to_container(default)
+        if default == value:
+            restated.append(f"{path.parent.name}.{key}={value!r}")
+    assert not restated, f"{path.name} restates the schema's defaults: {restated}"
+
+
 def test_the_budget_rules_default_to_matched_passes_and_action_updates():
     cfg = compose_train([])
     assert (cfg.sft.match, cfg.rl.bid_slot_without_bids) == ("action_passes", "skip")

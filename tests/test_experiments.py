@@ -4,6 +4,7 @@ swarm, dropout at evaluation, adaptation from a trained run's checkpoint (``init
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -287,14 +288,37 @@ def test_winning_bids_per_role_are_shares_of_its_acting_steps_by_level():
     assert metrics["bids/winning/logger/mean"] == pytest.approx((0.8 + 0.8 + 0.6) / 3)
     assert metrics["bids/winning/miner/0.4"] == pytest.approx(2 / 3)
     assert metrics["bids/winning/miner/mean"] == pytest.approx((0.4 + 0.4 + 0.8) / 3)
-    assert "bids/winning/logger/0" not in metrics, "a zero bid never wins"
+    assert "bids/winning/logger/0" not in metrics, "no zero bid won a step"
     assert not any(key.startswith("bids/winning/smith/") for key in metrics), "smith never acted"
     for role in ("logger", "miner"):
         shares = [metrics[f"bids/winning/{role}/{level:g}"] for level in levels[1:]]
         assert sum(shares) == pytest.approx(1.0)
     assert episode_metrics(episodes, roles, levels).items() >= metrics.items()
-    # a rule that records no winning bid (0 at every step) logs none, rather than "all at 0"
-    assert not any(key.startswith("bids/") for key in episode_metrics(episodes, roles, None))
+    # steps decided without the bids (``winning_bid`` 0) log none, rather than "all at 0"
+    unread = [episode([replace(s.decision, bids_read=False) for s in e.steps]) for e in episodes]
+    assert not any(key.startswith("bids/") for key in episode_metrics(unread, roles, levels))
+
+
+def test_winning_bids_count_only_the_steps_the_bids_decided_and_a_zero_bid_that_won():
+    """A rule that reads the bids at some steps only, and may let a zero bidder act there."""
+    from bidswarm.coordination.base import Decision
+    from bidswarm.rollout.metrics import winning_bid_metrics
+    from bidswarm.rollout.records import Episode, StepRecord
+
+    decisions = [
+        Decision(0, 0.8, bids_read=True),
+        Decision(0, 0.0, bids_read=True),  # read, and the zero bidder acted
+        Decision(0, 0.6, bids_read=False),  # decided otherwise: not a bid
+        Decision(0, 0.0, bids_read=False),
+    ]
+    episodes = [Episode(0, [StepRecord(i, d) for i, d in enumerate(decisions)])]
+    metrics = winning_bid_metrics(episodes, ["logger"], [0.0, 0.4, 0.8])
+    assert metrics == {
+        "bids/winning/logger/0": 0.5,
+        "bids/winning/logger/0.4": 0.0,
+        "bids/winning/logger/0.8": 0.5,
+        "bids/winning/logger/mean": 0.4,
+    }
 
 
 def test_the_bid_parse_rate_is_the_share_of_the_bids_read_that_parsed():
@@ -337,8 +361,9 @@ def test_only_the_auction_records_winning_bids_in_evaluation(rule, records):
 
     swarm = build_swarm(seed=1)
     loop = RolloutLoop(lambda: make_env(task()), swarm, rule)
-    assert loop.winning_bid_levels == (swarm.bid_levels if records else None)
     evaluation = evaluate(loop, [0, 1], runs_per_seed=1, seed=0)
+    steps = [s for e in evaluation.episodes for s in e.steps]
+    assert {s.decision.bids_read for s in steps} == {records}  # the rule's declaration
     acted = {
         swarm.roles[s.actor] for e in evaluation.episodes for s in e.steps if s.actor is not None
     }

@@ -1,14 +1,56 @@
-"""Every registered task keeps the fork contract: restore-then-replay reproduces the future."""
+"""Every registered task keeps the fork contract (restore-then-replay reproduces the future) and
+the task contract (``envs/conformance.py``): the registry, not a list, says which tasks run."""
 
 from __future__ import annotations
 
 import pytest
 
-from bidswarm.envs import TASKS, env_class
-from bidswarm.envs.conformance import check_fork_contract
+from bidswarm.envs import EPISODE_METRICS, TASKS, env_class
+from bidswarm.envs.conformance import check_fork_contract, check_task_contract
+from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_fork_contract(name: str) -> None:
     cls = env_class(name)
     check_fork_contract(lambda: cls(cls.Config(name=name)), seeds=[0, 1, 2, 3, 7, 11])
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_task_contract(name: str) -> None:
+    cls = env_class(name)
+    check_task_contract(lambda: cls(cls.Config()), seeds=[0, 1, 2])
+
+
+def test_the_pass_at_k_metric_is_part_of_the_contract():
+    assert "success" in EPISODE_METRICS
+
+
+class WithoutSuccess(CraftingEnv):
+    def episode_metrics(self) -> dict[str, float]:
+        return {k: v for k, v in super().episode_metrics().items() if k != "success"}
+
+
+class RewardNotSummed(CraftingEnv):
+    def episode_metrics(self) -> dict[str, float]:
+        return super().episode_metrics() | {"reward": 1.0}
+
+
+class IntegerDecisions(CraftingEnv):
+    def episode_metrics(self) -> dict[str, float]:
+        return super().episode_metrics() | {"decisions": self.decisions_made}
+
+
+@pytest.mark.parametrize(
+    "broken, named",
+    [
+        (WithoutSuccess, r"lacks \['success'\]"),
+        (RewardNotSummed, r"\['reward'\] = 1\.0, the steps' rewards sum to 0\.0"),
+        (IntegerDecisions, r"\['decisions'\] = 0: metrics are floats"),
+    ],
+    ids=["no_success", "reward", "int"],
+)
+def test_the_task_contract_refuses_a_broken_task_naming_what(broken, named):
+    config = CraftingConfig(target="wooden_pickaxe", max_decisions=6)
+    with pytest.raises(AssertionError, match=named):
+        check_task_contract(lambda: broken(config), seeds=[0])

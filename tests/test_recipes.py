@@ -1,6 +1,6 @@
-"""The recipes of ``docs/architecture.md`` followed to the letter: a new coordination rule and a
-new credit rule are a class registered in their own module plus a YAML in ``conf/``, nothing
-else; and README's lists of choices are the registries'."""
+"""The recipes of ``docs/architecture.md`` followed to the letter: a new coordination rule, a new
+credit rule and a new task are a class registered in their own module plus a YAML in ``conf/``,
+nothing else; and README's lists of choices are the registries'."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from bidswarm.algorithms.credit import CREDIT_RULES, CreditConfig, CreditRule, Reads, make_credit
-from bidswarm.checks import Parameter, at_least, unit_interval
+from bidswarm.checks import Parameter, Problems, at_least, unit_interval
 from bidswarm.config import ConfigError, register_configs, validate
 from bidswarm.coordination import (
     RULES,
@@ -25,15 +25,17 @@ from bidswarm.coordination import (
     Situation,
     make_coordination,
 )
+from bidswarm.envs import TASKS, StepResult, TaskConfig, TextEnv, make_env, register_task
+from bidswarm.envs.conformance import check_fork_contract, check_task_contract
 from conftest import CONF, ROOT
 
 
 @pytest.fixture
 def registries():
     """The registries as they were, after the test (its throwaway rules leave no trace)."""
-    saved = dict(RULES), dict(CREDIT_RULES)
+    saved = dict(RULES), dict(CREDIT_RULES), dict(TASKS)
     yield
-    for registry, before in zip((RULES, CREDIT_RULES), saved, strict=True):
+    for registry, before in zip((RULES, CREDIT_RULES, TASKS), saved, strict=True):
         registry.clear()
         registry.update(before)
 
@@ -137,6 +139,93 @@ def test_a_new_credit_rule_is_its_module_and_its_yaml(registries, conf):
     assert rule([4.0, 8.0], [0.0, 0.0], random.Random(0), []) == ([1.0, 2.0], 9.0)
     cfg.credit.share = 1.5
     with pytest.raises(ConfigError, match=r"credit\.share=1\.5: must lie in \[0, 1\]"):
+        validate(cfg)
+
+
+def test_a_new_task_is_its_package_and_its_yaml(registries, conf):
+    # 1. the package: a config (its defaults and problems) and a registered TextEnv
+    @dataclass
+    class CounterConfig(TaskConfig):
+        name: str = "counter_recipe"
+        target: int = 3
+
+        def problems(self) -> list[str]:
+            problems = Problems(super().problems())
+            problems.at_least("task.target", self.target, 1)
+            return problems
+
+    @register_task("counter_recipe")
+    class CounterEnv(TextEnv):
+        Config = CounterConfig
+        roles = ("counter",)
+
+        def reset(self, seed: int) -> None:
+            self.state = {"count": 0, "decisions": 0, "reward": 0.0}
+
+        task_description = "Count to the target."
+
+        def role_description(self, role: str | None) -> str:
+            return "Reply: count."
+
+        def screen(self, role: str | None) -> str:
+            return f"count {self.state['count']} of {self.config.target}"
+
+        def act(self, actor_role: str | None, action: str) -> StepResult:
+            valid = action.strip() == "count"
+            reward = float(valid and self.state["count"] < self.config.target)
+            self.state["count"] += valid
+            return self._spend(reward, valid)
+
+        def note_turn(self, actor_role: str | None) -> StepResult:
+            return self._spend(0.0, True)
+
+        def skip(self) -> StepResult:
+            return self._spend(0.0, True)
+
+        def _spend(self, reward: float, valid: bool) -> StepResult:
+            self.state["decisions"] += 1
+            self.state["reward"] += reward
+            return StepResult(reward, self.done, valid)
+
+        @property
+        def decisions_made(self) -> int:
+            return self.state["decisions"]
+
+        @property
+        def done(self) -> bool:
+            full = self.state["count"] >= self.config.target
+            return full or self.decisions_made >= self.config.max_decisions
+
+        def episode_metrics(self) -> dict[str, float]:
+            success = float(self.state["count"] >= self.config.target)
+            s = self.state
+            return {"success": success, "reward": s["reward"], "decisions": float(s["decisions"])}
+
+        def snapshot(self) -> dict:
+            return dict(self.state)
+
+        def restore(self, state: dict) -> None:
+            self.state = dict(state)
+
+        def expert_action(self, role: str | None) -> str | None:
+            return None if self.done else "count"
+
+        def expert_bid(self, role: str) -> float:
+            return 0.0 if self.done else 0.8
+
+    # 2. its YAML: only what differs from the schema's defaults
+    (conf / "task" / "counter_recipe.yaml").write_text(
+        "defaults: [counter_recipe_schema, _self_]\ntarget: 5\nmax_decisions: 8\n"
+    )
+    cfg = compose_train(conf, ["task=counter_recipe"])
+    validate(cfg)
+    env = make_env(OmegaConf.to_object(cfg.task))
+    assert isinstance(env, CounterEnv) and env.config.target == 5
+    # 3. the conformance checks every registered task runs (tests/test_fork_contract.py)
+    check_task_contract(lambda: make_env(OmegaConf.to_object(cfg.task)), seeds=[0, 1])
+    check_fork_contract(lambda: make_env(OmegaConf.to_object(cfg.task)), seeds=[0, 1])
+    cfg.task.target = 0
+    with pytest.raises(ConfigError, match=r"task\.target=0: must be >= 1"):
         validate(cfg)
 
 

@@ -79,7 +79,7 @@ def credits_of(
     acting = episode.acting_steps
     credits, _ = rule(
         [s.reward for s in acting],
-        [s.decision.winning_bid for s in acting],
+        [s.decision.credited_bid for s in acting],
         random.Random(f"transcript/{seed}/{episode.seed}"),
         levels,
         episode_reads(episode),

@@ -3,9 +3,10 @@
 A YAML file of a group starts from its schema (``defaults: [<name>_schema, _self_]``), so a
 misspelled key or a value of the wrong type fails at composition, before any model loads, and
 the error names the key. Value checks that types cannot express live in ``config/validation.py``.
-The schemas of the pieces with their own module are defined there and registered here: each
-task's (``envs/<task>/config.py``), each coordination rule's (``coordination/``) and each credit
-rule's (``algorithms/credit/``). This module imports no torch.
+The schemas of the pieces with their own module are defined there and registered here, read
+from their registries: each task's (``envs/<task>/config.py``, ``envs.TASKS``), each
+coordination rule's (``coordination/``, ``RULES``) and each credit rule's
+(``algorithms/credit/``, ``CREDIT_RULES``). This module imports no torch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from bidswarm.config.choices import (
     SFTMatch,
 )
 from bidswarm.coordination import RULES, CoordinationConfig
-from bidswarm.envs.base import TaskConfig
+from bidswarm.envs import TASKS, TaskConfig
 
 
 @dataclass
@@ -343,17 +344,13 @@ class TrainConfig:
 
 
 def register_configs() -> None:
-    """Put every schema in Hydra's ConfigStore (called before composing): the root, each task's,
-    and the schema of every coordination and credit rule with parameters (``<name>_schema``)."""
-    from bidswarm.envs.crafting.config import CraftingConfig
-    from bidswarm.envs.navigation.config import NavigationConfig
-    from bidswarm.envs.research.config import ResearchConfig
-
+    """Put every schema in Hydra's ConfigStore (called before composing): the root, each
+    registered task's (``<task>_schema``, ``envs.TASKS``), and the schema of every coordination
+    and credit rule with parameters (``<name>_schema``)."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
-    cs.store(group="task", name="crafting_schema", node=CraftingConfig)
-    cs.store(group="task", name="navigation_schema", node=NavigationConfig)
-    cs.store(group="task", name="research_schema", node=ResearchConfig)
+    for name, env in TASKS.items():
+        cs.store(group="task", name=f"{name}_schema", node=env.Config)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="coordination", name="coordination_schema", node=CoordinationConfig)
     for name, rule in RULES.items():

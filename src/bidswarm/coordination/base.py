@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
@@ -75,17 +75,31 @@ class Decision:
     """A rule's choice for one environment; ``actor`` None skips the step.
 
     runner_up / runner_up_bid: the best other bidder (a fork lets it act instead); a step is
-    contested when ``runner_up_bid`` is non-zero (PAPER.md section 4).
+    contested when ``runner_up_bid`` is non-zero (PAPER.md section 4) and it is ``forkable``.
+    bids_read: whether ``winning_bid`` is the actor's bid level at this step (the b_t of Eq. 2
+        of MPT, what credit and the winning-bid metrics read); False: the step was decided
+        without the bids (its ``winning_bid`` counts as 0).
+    forkable: whether a contested step may be forked (the runner-up acts instead, Eq. 3).
+    Both None: the rule's class-level declaration (:attr:`CoordinationRule.records_winning_bids`,
+    :attr:`CoordinationRule.makes_contested_steps`), which the collector writes in
+    (:meth:`CoordinationRule.settle`): a rule decides per step only where it needs to.
     """
 
     actor: int | None
     winning_bid: float = 0.0
     runner_up: int | None = None
     runner_up_bid: float = 0.0
+    bids_read: bool | None = None
+    forkable: bool | None = None
 
     @property
     def contested(self) -> bool:
-        return self.actor is not None and self.runner_up_bid > 0.0
+        return self.forkable is not False and self.actor is not None and self.runner_up_bid > 0.0
+
+    @property
+    def credited_bid(self) -> float:
+        """The b_t that credit reads: ``winning_bid`` when the bids decided the step, else 0."""
+        return self.winning_bid if self.bids_read is not False else 0.0
 
 
 def _written_apart(levels: list[float]) -> bool:
@@ -140,10 +154,12 @@ class CoordinationRule(abc.ABC):
     """Whether situations carry the shared observation text."""
     makes_contested_steps: ClassVar[bool] = False
     """Whether decisions name a bidding runner-up, so steps can be contested, forked and the
-    bids trained by bid updates (Eq. 3)."""
+    bids trained by bid updates (Eq. 3): the schedule has bid updates, and the default of each
+    decision's :attr:`Decision.forkable`."""
     records_winning_bids: ClassVar[bool] = False
     """Whether each decision's ``winning_bid`` is the actor's bid level (the b_t of Eq. 2 of
-    MPT); the other rules record 0 at every step."""
+    MPT): the default of each decision's :attr:`Decision.bids_read`; the other rules record 0
+    at every step."""
 
     @classmethod
     def parameters(cls) -> list[Parameter]:
@@ -169,7 +185,33 @@ class CoordinationRule(abc.ABC):
 
     @abc.abstractmethod
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
-        """One decision per situation; ``rng`` is the only source of randomness."""
+        """One decision per situation; ``rng`` is the only source of randomness. A decision may
+        say whether its bids were read and whether it may be forked (:class:`Decision`);
+        unsaid, the rule's class-level declarations hold."""
+
+    def settle(self, decisions: list[Decision]) -> list[Decision]:
+        """``decisions`` with every unsaid :attr:`Decision.bids_read` and
+        :attr:`Decision.forkable` set to the rule's declaration (what the collector records)."""
+        settled = []
+        for decision in decisions:
+            if decision.forkable and not self.makes_contested_steps:
+                raise ValueError(
+                    f"coordination={self.name}: a decision says forkable=True, but the rule "
+                    "declares no contested steps (makes_contested_steps): its schedule has no "
+                    "bid updates to fork them"
+                )
+            settled.append(
+                replace(
+                    decision,
+                    bids_read=self.records_winning_bids
+                    if decision.bids_read is None
+                    else decision.bids_read,
+                    forkable=self.makes_contested_steps
+                    if decision.forkable is None
+                    else decision.forkable,
+                )
+            )
+        return settled
 
     def record_outcomes(
         self, situations: list[Situation], decisions: list[Decision], rewards: list[float]

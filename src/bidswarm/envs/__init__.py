@@ -1,25 +1,33 @@
-"""Text environments. Each task is a sub-package registered in ``TASKS`` by its config name."""
+"""Text environments. Each task is a sub-package of ``envs`` whose environment class registers
+itself under its ``task.name`` (``@register_task("<name>")``, ``envs/base.py``); importing this
+package imports every sub-package, so a new task is its own sub-package and its YAML, nothing
+else."""
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
-from bidswarm.envs.base import MONOLITHIC, StepResult, TaskConfig, TextEnv
+from bidswarm.envs.base import (
+    EPISODE_METRICS,
+    MONOLITHIC,
+    TASKS,
+    StepResult,
+    TaskConfig,
+    TextEnv,
+    register_task,
+)
 
-TASKS: dict[str, str] = {
-    "crafting": "bidswarm.envs.crafting:CraftingEnv",
-    "research": "bidswarm.envs.research:ResearchEnv",
-    "navigation": "bidswarm.envs.navigation:NavigationEnv",
-}
-"""Task name (``task.name`` in the config) -> ``module:EnvClass``."""
+for _module in pkgutil.iter_modules(__path__):
+    if _module.ispkg:  # a task; the modules beside them are shared machinery and wrappers
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def env_class(name: str) -> type[TextEnv]:
     """The environment class registered under ``name``; a clear error for an unknown task."""
     if name not in TASKS:
         raise ValueError(f"task.name={name!r} is not a known task; choose one of {sorted(TASKS)}")
-    module, cls = TASKS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return TASKS[name]
 
 
 def make_env(config: TaskConfig) -> TextEnv:
@@ -27,4 +35,14 @@ def make_env(config: TaskConfig) -> TextEnv:
     return env_class(config.name)(config)
 
 
-__all__ = ["MONOLITHIC", "TASKS", "StepResult", "TaskConfig", "TextEnv", "env_class", "make_env"]
+__all__ = [
+    "EPISODE_METRICS",
+    "MONOLITHIC",
+    "TASKS",
+    "StepResult",
+    "TaskConfig",
+    "TextEnv",
+    "env_class",
+    "make_env",
+    "register_task",
+]

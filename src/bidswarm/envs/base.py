@@ -15,12 +15,19 @@ The shared memory (``task.memory``, ``envs/memory.py``) lives here, once for eve
 draws what a role sees (``screen``) and carries out a reply (``act``); ``observation`` adds the
 notes the memory shows, ``step`` takes the note off the reply, records the step's reads and
 write, and spends a reply that is only a note as a turn (``note_turn``).
+
+The task contract, beyond the fork contract: every episode reports the metrics of
+:data:`EPISODE_METRICS` (what the collector and the evaluation read), and a task registers its
+environment class under its ``task.name`` with :func:`register_task`, beside its own code.
+``envs/conformance.py`` checks both contracts on every registered task
+(``tests/test_fork_contract.py``).
 """
 
 from __future__ import annotations
 
 import abc
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -60,6 +67,16 @@ def world_seed(seed: Any) -> int:
     if value < 0:
         raise ValueError(f"seed={seed!r}: a world seed is an integer >= 0")
     return value
+
+
+EPISODE_METRICS: dict[str, str] = {
+    "success": "1.0 when the episode reached the task's goal, else 0.0 (pass@k of the held-out "
+    "evaluation, rollout/evaluation.py)",
+    "reward": "the episode's reward so far: the sum of its steps' StepResult.reward",
+    "decisions": "decision steps taken so far, skipped steps included (decisions_made)",
+}
+"""The keys every task's :meth:`TextEnv.episode_metrics` reports, whatever else it adds, with
+what each must hold (``envs/conformance.py`` checks them on every registered task)."""
 
 
 def role_name(role: str | None) -> str:
@@ -263,7 +280,8 @@ class TextEnv(abc.ABC):
 
     @abc.abstractmethod
     def episode_metrics(self) -> dict[str, float]:
-        """Task metrics of the episode so far (milestones reached, success, ...), all floats."""
+        """Task metrics of the episode so far, all floats: every key of :data:`EPISODE_METRICS`
+        (``success``, ``reward``, ``decisions``) and the task's own (milestones reached, ...)."""
 
     # -- fork contract -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -283,3 +301,30 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def expert_bid(self, role: str) -> float:
         """The hand-written bidding rule of the scripted experts, a value in [0, 1]."""
+
+
+TASKS: dict[str, type[TextEnv]] = {}
+"""``task.name`` -> environment class, filled by :func:`register_task` as each task's package is
+imported (``envs/__init__.py`` imports every sub-package of ``envs``)."""
+
+
+def register_task(name: str) -> Callable[[type[TextEnv]], type[TextEnv]]:
+    """Class decorator: the environment that ``task.name=<name>`` builds. Its ``Config`` (a
+    :class:`TaskConfig` subclass whose ``name`` defaults to ``name``) becomes the Hydra schema
+    ``task/<name>_schema`` (``config/schemas.py``)."""
+
+    def add(env: type[TextEnv]) -> type[TextEnv]:
+        if name in TASKS and TASKS[name] is not env:
+            raise ValueError(f"two tasks are registered as {name!r}")
+        if env.Config is TaskConfig or not issubclass(env.Config, TaskConfig):
+            raise ValueError(f"task {name!r}: {env.__name__}.Config must extend TaskConfig")
+        default = env.Config.__dataclass_fields__["name"].default
+        if default != name:
+            raise ValueError(
+                f"task {name!r}: {env.Config.__name__}.name defaults to {default!r}, "
+                f"not the name it is registered under"
+            )
+        TASKS[name] = env
+        return env
+
+    return add

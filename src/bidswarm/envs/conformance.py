@@ -1,9 +1,15 @@
-"""The fork-contract conformance check that every environment must pass (DESIGN.md).
+"""The conformance checks that every registered task must pass (DESIGN.md, ``envs/base.py``).
 
-From random mid-episode states: take a snapshot, play a random continuation, restore, replay the
-same continuation: observations, rewards, ``done``, metrics and the shared memory's reads and
-writes (``StepResult.memory``) must be identical. The snapshot
-must not alias live state: playing on after ``snapshot()`` must not change what it restores to.
+The fork contract (:func:`check_fork_contract`): from random mid-episode states, take a
+snapshot, play a random continuation, restore, replay the same continuation: observations,
+rewards, ``done``, metrics and the shared memory's reads and writes (``StepResult.memory``) must
+be identical. The snapshot must not alias live state: playing on after ``snapshot()`` must not
+change what it restores to.
+
+The task contract (:func:`check_task_contract`): the task's roles and seeds, its config's
+name, the experts' bids in [0, 1], the decision budget, and the metrics of
+:data:`~bidswarm.envs.base.EPISODE_METRICS` in every episode, each holding what it must.
+``tests/test_fork_contract.py`` runs both on every task of ``envs.TASKS``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import pickle
 import random
 from collections.abc import Callable
 
-from bidswarm.envs.base import TextEnv
+from bidswarm.envs.base import EPISODE_METRICS, TextEnv
 
 
 def random_reply(env: TextEnv, role: str | None, rng: random.Random) -> str:
@@ -81,3 +87,56 @@ def check_fork_contract(
         other.restore(state)
         third = _play(other, random.Random(replay_seed), horizon)
         assert first == third, f"seed {seed}: restore into a fresh environment differs"
+
+
+def check_task_contract(make_env: Callable[[], TextEnv], seeds: list[int]) -> None:
+    """Raise AssertionError, naming the task's class and what it broke, unless every episode of
+    random play from ``seeds`` keeps the task contract (the module docstring)."""
+    env = make_env()
+    task = type(env).__name__
+    roles = env.roles
+    assert roles and len(set(roles)) == len(roles), f"{task}.roles: distinct roles, got {roles}"
+    assert all(isinstance(role, str) and role for role in roles), f"{task}.roles: {roles}"
+    name = env.config.name
+    assert type(env.config).__dataclass_fields__["name"].default == name, (
+        f"{task}: config name {name!r} is not its config class's default"
+    )
+    assert not set(env.train_seeds()) & set(env.heldout_seeds()), (
+        f"{task}: training and held-out worlds overlap"
+    )
+    for seed in seeds:
+        rng = random.Random(seed)
+        env.reset(seed)
+        _check_episode_metrics(env, task, seed, total_reward=0.0)
+        total = 0.0
+        while not env.done:
+            for role in roles:
+                bid = env.expert_bid(role)
+                assert 0.0 <= bid <= 1.0, f"{task}.expert_bid({role!r}) = {bid!r}: not in [0, 1]"
+            if rng.random() < 0.1:
+                result = env.skip()
+            else:
+                actor = rng.choice([*roles, None])
+                result = env.step(actor, random_reply(env, actor, rng))
+            total += result.reward
+            assert result.done == env.done, f"{task} seed {seed}: StepResult.done != env.done"
+            assert env.decisions_made <= env.config.max_decisions, (
+                f"{task} seed {seed}: {env.decisions_made} decisions, past task.max_decisions"
+            )
+            _check_episode_metrics(env, task, seed, total)
+
+
+def _check_episode_metrics(env: TextEnv, task: str, seed: int, total_reward: float) -> None:
+    metrics = env.episode_metrics()
+    where = f"{task}.episode_metrics() (seed {seed}, decision {env.decisions_made})"
+    missing = sorted(EPISODE_METRICS.keys() - metrics.keys())
+    assert not missing, f"{where} lacks {missing}: every task reports {sorted(EPISODE_METRICS)}"
+    for key, value in metrics.items():
+        assert type(value) is float, f"{where}[{key!r}] = {value!r}: metrics are floats"
+    assert metrics["success"] in (0.0, 1.0), f"{where}['success'] = {metrics['success']!r}"
+    assert abs(metrics["reward"] - total_reward) <= 1e-9 * max(1.0, abs(total_reward)), (
+        f"{where}['reward'] = {metrics['reward']!r}, the steps' rewards sum to {total_reward!r}"
+    )
+    assert metrics["decisions"] == env.decisions_made, (
+        f"{where}['decisions'] = {metrics['decisions']!r}, decisions_made = {env.decisions_made}"
+    )

@@ -83,7 +83,7 @@ def credited_batches(
         acting = episode.acting_steps
         credits, lost = credit_rule(
             [s.reward for s in acting],
-            [s.decision.winning_bid for s in acting],
+            [s.decision.credited_bid for s in acting],
             rng,
             levels,
             episode_reads(episode),

@@ -146,7 +146,7 @@ class Collector:
         with timed(timings, "rollout"):
             seeds = rng.sample(self.train_seeds, self.worlds_per_update(kind))
             episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == UpdateKind.bid)
-        metrics = episode_metrics(episodes, swarm.roles, self.loop.winning_bid_levels)
+        metrics = episode_metrics(episodes, swarm.roles, swarm.bid_levels)
         batches: list[ActionBatch] | list[BidBatch]
         if kind == UpdateKind.action:
             with timed(timings, "credit"):

@@ -135,7 +135,7 @@ def summarize_evaluation(
         usage = usage + part.usage
     world_rewards = per_world_means([e.total_reward for e in episodes], [e.seed for e in episodes])
     reward = summarize(list(world_rewards.values()))
-    metrics = episode_metrics(episodes, loop.swarm.roles, loop.winning_bid_levels) | {
+    metrics = episode_metrics(episodes, loop.swarm.roles, loop.swarm.bid_levels) | {
         "reward/mean": reward.mean,
         "reward/se": reward.se,
         "reward/ci_low": reward.ci_low,

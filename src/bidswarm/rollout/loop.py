@@ -2,8 +2,10 @@
 
 Each decision step, over the live environments: the loop gathers what the coordination rule
 declares it decides from (the bids of the agents it names, or every agent's action proposal
-and the peers' scores of them), one generation or scoring batch per agent; the rule decides;
-the actors' actions are generated, one batch per actor; the environments step. The rule itself
+and the peers' scores of them), one generation or scoring batch per agent; the rule decides
+(each decision saying, or leaving to the rule's declaration, whether its bids were read and
+whether it may be forked: ``CoordinationRule.settle``); the actors' actions are generated, one
+batch per actor; the environments step. The rule itself
 never sees a model or an environment (``coordination/base.py``).
 """
 
@@ -42,12 +44,6 @@ class RolloutLoop:
         self.coordination = coordination
         self.dropout = dropout
         self._pool: list[TextEnv] = []
-
-    @property
-    def winning_bid_levels(self) -> list[float] | None:
-        """The levels the rule's winning bids take (the swarm's bid levels); None when the rule
-        records no winning bid (``winning_bid`` 0 at every step says nothing of the bids)."""
-        return self.swarm.bid_levels if self.coordination.records_winning_bids else None
 
     def envs(self, n: int) -> list[TextEnv]:
         """``n`` environment objects, reused across calls (building one can be costly)."""
@@ -88,14 +84,17 @@ class RolloutLoop:
             live_envs = [envs[i] for i in live]
             situations: list[Situation] | None = None
             if first_actors is not None:
-                decisions = [Decision(actor=first_actors[i]) for i in live]
+                # A branch's forced first actor: no bids decided it, and it is no fork point.
+                decisions = [
+                    Decision(actor=first_actors[i], bids_read=False, forkable=False) for i in live
+                ]
                 bids: list[dict[int, Bid]] = [{} for _ in live]
                 actions: list[Reply | None] = [None] * len(live)
                 first_actors = None
             else:
                 live_episodes = [episodes[i] for i in live]
                 situations, bids, proposals = self._gather(live_envs, live_episodes, generator, rng)
-                decisions = self.coordination.decide(situations, rng)
+                decisions = self.coordination.settle(self.coordination.decide(situations, rng))
                 actions = self._proposed_actions(decisions, proposals)
             self._generate_actions(live_envs, decisions, actions, generator)
             rewards = []

@@ -42,7 +42,7 @@ def episode_tree(
     acting = episode.acting_steps
     tree, _ = rule.tree(
         [s.reward for s in acting],
-        [s.decision.winning_bid for s in acting],
+        [s.decision.credited_bid for s in acting],
         rng,
         levels,
         episode_reads(episode),

@@ -15,13 +15,13 @@ from bidswarm.statistics import summarize
 
 
 def episode_metrics(
-    episodes: list[Episode], roles: list[str | None], bid_levels: list[float] | None = None
+    episodes: list[Episode], roles: list[str | None], bid_levels: list[float]
 ) -> dict[str, float]:
     """Means over ``episodes`` of reward (with its SE) and every task metric, who acted how
-    often, and with ``bid_levels`` (the levels of the rule's winning bids; None for a rule that
-    records none, :attr:`RolloutLoop.winning_bid_levels`) the winning bids per role
-    (:func:`winning_bid_metrics`); ``roles[i]`` is agent ``i``'s role. With bids sampled, the
-    share that parsed (``bids/parse_rate``)."""
+    often, the share of acting steps that were contested (and forkable), and the winning bids
+    per role at the steps whose bids decided them (:func:`winning_bid_metrics`, ``bid_levels``
+    the swarm's); ``roles[i]`` is agent ``i``'s role. With bids sampled, the share that parsed
+    (``bids/parse_rate``)."""
     reward = summarize([e.total_reward for e in episodes]) if episodes else None
     metrics = {
         "reward/mean": reward.mean if reward else 0.0,
@@ -43,8 +43,7 @@ def episode_metrics(
     metrics |= participation_at_decisions(episodes, roles)
     contested = sum(s.contested for e in episodes for s in e.steps)
     metrics["contested_fraction"] = contested / max(total_acting, 1)
-    if bid_levels is not None:
-        metrics |= winning_bid_metrics(episodes, roles, bid_levels)
+    metrics |= winning_bid_metrics(episodes, roles, bid_levels)
     parsed = [bid.parsed for e in episodes for s in e.steps for bid in s.bids.values()]
     if parsed:  # rules that ask for bids
         metrics[names.BID_PARSE_RATE] = sum(parsed) / len(parsed)
@@ -55,17 +54,21 @@ def winning_bid_metrics(
     episodes: list[Episode], roles: list[str | None], bid_levels: list[float]
 ) -> dict[str, float]:
     """What bucket-brigade credit (Eq. 2 of MPT) sees: per role, over the acting steps its
-    agents won, the share won at each non-zero bid level (``bids/winning/<role>/<level>``,
-    level as ``0.8``; a zero bid never wins: all-zero bids skip) and the mean winning bid
-    (``bids/winning/<role>/mean``). A role that acted at no step gets none."""
+    agents won whose bids decided them (:attr:`Decision.bids_read`), the share won at each bid
+    level (``bids/winning/<role>/<level>``, level as ``0.8``) and the mean winning bid
+    (``bids/winning/<role>/mean``). Every non-zero level is logged; level 0 where a zero bid
+    won some step (under the auction none does: all-zero bids skip; a rule that lets a zero
+    bidder act logs it). A role that won no such step gets none, a rule that never reads the
+    bids none at all."""
     won: dict[str, list[float]] = {}
     for step in (s for e in episodes for s in e.steps if s.actor is not None):
-        won.setdefault(role_name(roles[step.actor]), []).append(step.decision.winning_bid)
+        if step.decision.bids_read is not False:
+            won.setdefault(role_name(roles[step.actor]), []).append(step.decision.winning_bid)
     metrics = {}
     for role, bids in sorted(won.items()):
         counts = Counter(bids)
         prefix = f"{names.WINNING_BIDS}/{role}"
-        for level in (level for level in bid_levels if level > 0):
+        for level in (level for level in bid_levels if level > 0 or counts[level]):
             metrics[f"{prefix}/{level:g}"] = counts[level] / len(bids)
         metrics[f"{prefix}/mean"] = sum(bids) / len(bids)
     return metrics

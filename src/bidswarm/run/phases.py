@@ -351,7 +351,9 @@ class Run:
 
     def print_summary(self) -> None:
         """Where the run is and what it reached (:func:`recording.summary`)."""
-        console.say(recording.summary(self.cfg, self.run_dir, self.state, self.logger))
+        console.say(
+            recording.summary(self.cfg, self.run_dir, self.state, self.logger, self.history)
+        )
 
 
 def evaluate_over_processes(

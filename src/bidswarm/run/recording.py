@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
+from bidswarm import metric_names as names
 from bidswarm import tracking, transcripts
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.credit import CreditRule
@@ -201,14 +202,28 @@ def end_tracking(logger: Logger, run_dir: Path, status: str) -> None:
         logger.finalize("success" if status == "FINISHED" else "failed")
 
 
-def summary(cfg: DictConfig, run_dir: Path, state: dict[str, Any], logger: Logger) -> str:
-    """Where the run is; held-out reward before and after RL, and after RL minus before RL
-    paired on the same held-out worlds (95% CI, verdict); the MLflow run's address."""
+def summary(
+    cfg: DictConfig,
+    run_dir: Path,
+    state: dict[str, Any],
+    logger: Logger,
+    history: list[dict[str, float]] = (),
+) -> str:
+    """Where the run is; the training reward of each RL update (``history``, its logged
+    metrics: the mean over the update's training worlds); held-out reward before and after RL,
+    and after RL minus before RL paired on the same held-out worlds (95% CI, verdict); the
+    MLflow run's address."""
     from bidswarm.statistics import paired_difference
 
     before = state.get("eval_before", {}).get("reward/mean")
     after = state.get("eval_after", {}).get("reward/mean")
     lines = ["", f"[bidswarm] run folder: {run_dir}"]
+    if history:
+        rewards = ", ".join(
+            f"{m['reward/mean']:.2f}" + (" (bid)" if m.get(names.UPDATE_IS_BID) else "")
+            for m in history
+        )
+        lines.append(f"[bidswarm] training reward per RL update (mean over its worlds): {rewards}")
     if before is not None:
         lines.append(f"[bidswarm] held-out reward before RL (after SFT): {before:.2f}")
     if after is not None:

@@ -16,7 +16,7 @@ import random
 import re
 from typing import Any
 
-from bidswarm.envs.base import StepResult, TextEnv, role_name
+from bidswarm.envs.base import StepResult, TextEnv, register_task, role_name
 from bidswarm.envs.crafting import expert, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.memory import memo_entries
@@ -121,6 +121,7 @@ def describe_role(role: str | None) -> str:
     return f"{who} may reply with exactly one of: " + "; ".join(ordered) + "."
 
 
+@register_task("crafting")
 class CraftingEnv(TextEnv):
     """The crafting task (PAPER.md section 6) on the embedded world of the module docstring."""
 

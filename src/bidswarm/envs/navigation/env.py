@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bidswarm.envs.base import StepResult
+from bidswarm.envs.base import StepResult, register_task
 from bidswarm.envs.navigation.actions import (
     MOVE_CENTIMETRES,
     MOVE_STEP_CENTIMETRES,
@@ -107,6 +107,7 @@ def command_toward(view: View, is_goal: bool) -> NavAction:
     return NavAction("move_forward", MOVE_STEP_CENTIMETRES * min(max(steps, 1), most))
 
 
+@register_task("navigation")
 class NavigationEnv(NavigationRules):
     """Follow an R2R-style route instruction in a procedural house (see the module docstring)."""
 

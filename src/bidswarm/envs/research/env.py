@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bidswarm.envs.base import StepResult, TextEnv, role_name
+from bidswarm.envs.base import StepResult, TextEnv, register_task, role_name
 from bidswarm.envs.quoting import quote
 from bidswarm.envs.research.config import ResearchConfig
 from bidswarm.envs.research.corpus import (
@@ -152,6 +152,7 @@ def _is_number(text: str) -> bool:
     return text.isdecimal() and len(text) <= 9
 
 
+@register_task("research")
 class ResearchEnv(TextEnv):
     """Multi-hop question answering over an offline corpus with three browser roles."""
 

@@ -1,0 +1,39 @@
+"""At the canary's sizes (``debug=smoke`` and ``tests/canary.py``'s overrides) a run earns training
+reward on crafting, and its last lines say so."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from canary import OVERRIDES
+from conftest import ROOT
+
+TASKS = {"crafting": []}
+"""Task -> the overrides that pick it (crafting is the default task)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_the_canary_sizes_earn_training_reward_and_print_it(task, tmp_path):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.train",
+        *OVERRIDES,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *TASKS[task],
+    ]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    tail = result.stdout.strip().splitlines()[-6:]
+    line = next((x for x in tail if "training reward per RL update" in x), None)
+    assert line, f"the last lines do not show the training reward:\n{tail}"
+    rewards = [float(v) for v in re.findall(r"(-?\d+\.\d+)", line.split(":", 1)[1])]
+    assert len(rewards) == 3  # 2 action updates, 1 bid update
+    assert max(rewards) > 0.0, line
