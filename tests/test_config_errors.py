@@ -157,6 +157,7 @@ INVALID = [
     (["rl.max_bid_resamples=0"], "rl.max_bid_resamples", "0", ">= 1"),
     (["rl.bid_resample_temperature=0"], "rl.bid_resample_temperature", "0.0", "> 0"),
     (["rl.bt_beta=0"], "rl.bt_beta", "0.0", "> 0"),
+    (["rl.control_forks=1.5"], "rl.control_forks", "1.5", "[0, 1]"),
     (["rl.checkpoint_every=0"], "rl.checkpoint_every", "0", ">= 1"),
     (["rl.stop_after=0"], "rl.stop_after", "0", ">= 1"),
     (["rl.loss_normalization=max"], "rl.loss_normalization", "'max'", "token_mean"),

@@ -280,6 +280,14 @@ class RLConfig:
     below the runner-up and most forks are dropped (see the ``forks/*`` funnel)."""
     bt_beta: float = 1.0
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
+    control_forks: float = 0.125
+    """[ours] The share of each bid update's played forks that also play a control branch: the
+    recorded winner acts again at the forked step, with fresh samples (who acts does not
+    change), and the control branch is compared with the recorded one as the counterfactual
+    is. ``forks/control_untied`` against ``forks/untied`` says how much of the labels is noise
+    of sampling (0: none; 1: every fork). Control branches feed no loss and are played after
+    the pairs are made, so the pairs are those without them; their tokens count in
+    ``tokens/rollout`` and ``flops/*`` as the forks' do."""
     importance_cap: float | None = None
     """[ours] Truncated importance sampling (TIS) of the sampler/learner mismatch: each
     REINFORCE token's term is weighted by min(pi_learner / pi_engine, cap) of its token, each

@@ -311,6 +311,12 @@ def _rl_problems(cfg: Any, problems: Problems) -> None:
     if rl.bid_resample_temperature is not None:
         problems.positive("rl.bid_resample_temperature", rl.bid_resample_temperature)
     problems.positive("rl.bt_beta", rl.bt_beta)
+    problems.require(
+        0.0 <= rl.control_forks <= 1.0,
+        "rl.control_forks",
+        rl.control_forks,
+        "a share of the played forks, in [0, 1]",
+    )
     problems.at_least("rl.checkpoint_every", rl.checkpoint_every, 1)
     if rl.stop_after is not None:
         problems.require(rl.stop_after >= 1, "rl.stop_after", rl.stop_after, ">= 1 or null")

@@ -46,6 +46,11 @@ class ForkStats:
     effective_pairs: float = 0.0
     """Kish's effective sample size of the weighted pairs, (sum w)^2 / sum w^2 (= ``pairs``
     when unweighted): how many equally weighted pairs the bid update's loss is worth."""
+    control: int = 0
+    """Played forks that also played a control branch (``rl.control_forks``): the recorded
+    winner acting again at the forked step, with fresh samples."""
+    control_tied: int = 0
+    """Control branches that scored as the recorded branch did (a tie by the same rule)."""
 
     def count_pairs(self, pairs: list[PreferencePair]) -> None:
         """Fill in ``pairs``, ``pair_weight`` and ``effective_pairs`` from the kept pairs."""
@@ -56,7 +61,17 @@ class ForkStats:
         self.effective_pairs = self.pair_weight**2 / squares if squares > 0 else 0.0
 
     def as_metrics(self) -> dict[str, float]:
-        return {f"forks/{name}": float(value) for name, value in vars(self).items()}
+        """Every count as ``forks/<name>``, and the label rates: ``forks/untied``, the share of
+        the played forks whose branches did not tie (their labels), and ``forks/control_untied``,
+        the share of the control branches that did not tie with the recorded branch although
+        the same agent acted (labels made by sampling noise alone); each only when it has a
+        fork to count."""
+        metrics = {f"forks/{name}": float(value) for name, value in vars(self).items()}
+        if self.resampled_below:
+            metrics["forks/untied"] = 1.0 - self.tied / self.resampled_below
+        if self.control:
+            metrics["forks/control_untied"] = 1.0 - self.control_tied / self.control
+        return metrics
 
 
 @dataclass
@@ -144,8 +159,9 @@ def fork_pairs(
     resamples would have kept the fork), let the runner-up act, roll the branch out with the
     current policies and compare the reward from that step on with the recorded episode's.
     Ties and failed resamples are dropped; every stage is counted in the returned
-    :class:`ForkStats`. ``examples``, when given, receives every played fork
-    (:class:`ForkExample`, for transcripts).
+    :class:`ForkStats`. Then ``rl.control_forks`` of the played forks play a control branch
+    (the recorded winner acting again), counted in the stats and in no pair. ``examples``,
+    when given, receives every played fork (:class:`ForkExample`, for transcripts).
     """
     stats = ForkStats()
     chosen: list[tuple[Episode, StepRecord]] = []
@@ -197,7 +213,42 @@ def fork_pairs(
             )
         )
     stats.count_pairs(pairs)
+    _play_controls(loop, [chosen[k] for k in kept], rl.control_forks, rng, generator, stats)
     return pairs, stats
+
+
+def control_count(played: int, share: float) -> int:
+    """How many of ``played`` forks play a control branch: ceil(``share`` x ``played``), so
+    that any share above 0 measures at least one fork when one was played."""
+    return min(played, math.ceil(share * played))
+
+
+def _play_controls(
+    loop: RolloutLoop,
+    played: list[tuple[Episode, StepRecord]],
+    share: float,
+    rng: random.Random,
+    generator: torch.Generator,
+    stats: ForkStats,
+) -> None:
+    """Control branches of a uniform draw of ``control_count`` of the ``played`` forks: the
+    recorded winner acts again from the fork's snapshot (fresh samples, same actor), and the
+    branch is compared with the recorded one as a counterfactual is (``control``,
+    ``control_tied``). Played after every pair is made, from the same streams: the pairs are
+    those of a run without controls; nothing here reaches a loss."""
+    controls = rng.sample(played, control_count(len(played), share))
+    if not controls:
+        return
+    envs = loop.envs(len(controls))
+    for env, (_, step) in zip(envs, controls, strict=True):
+        env.restore(step.snapshot)
+    branches = [Episode(seed=episode.seed) for episode, _ in controls]
+    actors = [step.actor for _, step in controls]
+    loop.play(envs, branches, rng, generator, first_actors=actors)
+    for (episode, step), branch in zip(controls, branches, strict=True):
+        stats.control += 1
+        recorded = episode.reward_from(step.index)
+        stats.control_tied += fork_preference(recorded, branch.total_reward) == 0
 
 
 def _draw_bids_below(
