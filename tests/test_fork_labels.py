@@ -4,14 +4,20 @@ what the paper's rejection sampling keeps."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from bidswarm.algorithms.losses import bradley_terry_loss, side_score, tie_break_preference
 from bidswarm.config import RLConfig
-from bidswarm.rollout.forks import control_count, fork_pairs
+from bidswarm.coordination import Decision
+from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
+from bidswarm.rollout.forks import choose_fork_steps, control_count, fork_pairs
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.records import Episode, StepRecord
 from conftest import tiny_crafting_swarm
 
 
@@ -63,3 +69,89 @@ def test_a_share_of_the_played_forks_plays_controls(loop):
     rl = RLConfig(fork_budget=3, control_forks=0.5)
     _, _, stats, _ = forks(loop, rl, seed=4)
     assert stats.control == control_count(stats.resampled_below, 0.5) > 0
+
+
+# -- labels with more signal [ours] ------------------------------------------------------------
+def test_side_scores_are_branch_means_and_one_branch_is_the_papers_score():
+    assert side_score([(0.0, 10.0), (0.0, 0.0, 30.0)]) == 20.0
+    rewards = (0.1, 0.2, 0.3)
+    assert side_score([rewards]) == sum(rewards)
+
+
+def test_tie_breaks_prefer_the_earlier_reward_then_progress_within_the_tolerance():
+    assert tie_break_preference([(0.0, 10.0, 0.0)], [(10.0, 0.0, 0.0)], [None], [None]) == -1
+    assert tie_break_preference([(10.0,)], [(0.0, 10.0)], [None], [None]) == 1
+    assert tie_break_preference([(0.0, 0.0)], [(0.0,)], [-3.0], [-5.0]) == 1
+    assert tie_break_preference([(0.0,)], [(0.0,)], [-3.0], [None]) == 0
+    # the same milestones summed in another order are no earlier reward
+    a, b = (0.1, 0.2, 0.3), (0.3, 0.2, 0.1)
+    tied = [(sum(a),)], [(sum(b),)]
+    assert tie_break_preference(*tied, [1.0], [1.0 + 1e-12]) == 0
+    # means over K branches: (0, 10) and (10, 0) on one side against (5, 5) on the other
+    assert tie_break_preference([(0.0, 10.0), (10.0, 0.0)], [(5.0, 5.0)], [None] * 2, [None]) == 0
+
+
+def test_half_label_ties_pull_the_margin_to_zero_and_leave_decisive_pairs_alone():
+    winner = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    loser = torch.tensor([0.0, 0.0, 0.0])
+    plain = bradley_terry_loss(winner, loser)["loss_bid"]
+    none_tied = bradley_terry_loss(winner, loser, ties=torch.zeros(3, dtype=torch.bool))
+    assert torch.equal(none_tied["loss_bid"], plain)
+    ties = torch.tensor([False, True, False])
+    terms = bradley_terry_loss(winner, loser, ties=ties)
+    by_hand = (
+        -F.logsigmoid(torch.tensor(0.5))
+        - (F.logsigmoid(torch.tensor(-1.0)) + F.logsigmoid(torch.tensor(1.0))) / 2
+        - F.logsigmoid(torch.tensor(2.0))
+    ) / 3
+    assert terms["loss_bid"].item() == pytest.approx(by_hand.item())
+    assert terms["preference_accuracy"].item() == 1.0  # over the two decisive pairs
+    (grad,) = torch.autograd.grad(terms["loss_bid"], winner)
+    assert grad[1] < 0  # the tied pair's margin -1 is pushed up, toward 0
+    at_zero = bradley_terry_loss(torch.zeros(1), torch.zeros(1), ties=torch.ones(1, dtype=bool))
+    assert at_zero["loss_bid"].item() == pytest.approx(math.log(2))
+
+
+def test_open_reward_selection_reads_only_the_state_at_the_fork():
+    def contested(index: int, open_reward: float | None) -> StepRecord:
+        decision = Decision(actor=0, winning_bid=0.8, runner_up=1, runner_up_bid=0.4)
+        return StepRecord(index, decision, snapshot={}, open_reward=open_reward)
+
+    steps = [contested(0, 140.0), contested(5, 0.0), contested(9, 100.0), contested(11, 40.0)]
+    episode = Episode(0, steps)
+    counts = {s.index: 0 for s in steps}
+    for seed in range(400):
+        for step in choose_fork_steps(episode, steps, "open_reward", 1, random.Random(seed), 12):
+            counts[step.index] += 1
+    # weights 140 x 12, 0, 100 x 3, 40 x 1: the draw follows them; nothing open: never first
+    assert counts[5] == 0
+    assert counts[0] > counts[9] > counts[11]
+    assert counts[0] / 400 == pytest.approx(1680 / 2020, abs=0.06)
+    everything = choose_fork_steps(episode, steps, "open_reward", 4, random.Random(0), 12)
+    assert sorted(s.index for s in everything) == [0, 5, 9, 11] and everything[-1].index == 5
+
+
+def test_k_branches_per_side_and_ties_kept_as_half_labels(loop):
+    """K = 2: each fork plays 2 runner-up branches and 1 replay of the winner (more rollout
+    tokens than K = 1); with half-label ties every played fork makes a pair."""
+    _, _, one, one_usage = forks(loop, RLConfig(fork_budget=2, control_forks=0.0))
+    rl = RLConfig(fork_budget=2, control_forks=0.0, fork_branches=2, bt_ties="half_label")
+    _, pairs, two, two_usage = forks(loop, rl)
+    assert two.resampled_below == one.resampled_below > 0
+    assert two_usage.rollout_tokens > one_usage.rollout_tokens
+    assert len(pairs) == two.pairs == two.resampled_below
+    assert sum(pair.tied for pair in pairs) == two.tied
+
+
+def test_crafting_reports_what_is_open_and_how_far_the_plan_is():
+    env = CraftingEnv(CraftingConfig(target="wooden_pickaxe", max_decisions=30))
+    env.reset(0)
+    assert env.open_reward() == pytest.approx(sum(env.milestones.values()))
+    start = env.progress()
+    assert start < 0
+    while env.expert_action(None) and not env.done:
+        env.step("logger", "chop a tree")
+        if env.obtained:
+            break
+    assert env.open_reward() < sum(env.milestones.values())
+    assert env.progress() > start

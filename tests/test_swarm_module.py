@@ -287,6 +287,7 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights, kl
         weights,
         [()] * len(levels),
         [()] * len(levels),
+        [False] * len(levels),
     )
 
     def loss_of(batch, backward):
