@@ -11,14 +11,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.algorithms.losses import bradley_terry_loss, side_score, tie_break_preference
-from bidswarm.config import RLConfig
+from bidswarm.config import ModelConfig, RLConfig, TinyArchConfig
 from bidswarm.coordination import Decision
+from bidswarm.coordination.auction import Auction
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
-from bidswarm.rollout.forks import choose_fork_steps, control_count, fork_pairs
+from bidswarm.rollout.forks import (
+    ForkStats,
+    choose_fork_steps,
+    control_count,
+    fork_pairs,
+    kept_by_rejection,
+    redraw_bids,
+)
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, StepRecord
-from conftest import tiny_crafting_swarm
+from bidswarm.rollout.swarm import Swarm
+from conftest import hf_engine, tiny_crafting_swarm
+
+LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +168,97 @@ def test_crafting_reports_what_is_open_and_how_far_the_plan_is():
             break
     assert env.open_reward() < sum(env.milestones.values())
     assert env.progress() > start
+
+
+# -- the weight of a draw below the runner-up: non-canonical replies ---------------------------
+SPELLINGS = {"0.0": 0.05, "0.2": 0.05, "0.20": 0.15, "0": 0.1, "0.4": 0.1}
+"""Replies that parse below 0.6, two in spellings that are no level's canonical string."""
+ABOVE = {"0.6": 0.2, "0.8": 0.2, "none": 0.15}
+"""Replies that rejection turns down at a runner-up of 0.6 (``none`` is malformed)."""
+
+
+@pytest.fixture(scope="module")
+def spelling_loop() -> RolloutLoop:
+    """A tiny swarm whose Miner replies to its bid prompt with the texts of ``SPELLINGS`` and
+    ``ABOVE`` at about their shares: a third of its mass parses below 0.6 without being a
+    canonical level string (as SmolLM2's replies do after SFT)."""
+    env = CraftingEnv(CraftingConfig(max_decisions=12))
+    shares = SPELLINGS | ABOVE
+    texts = PromptTemplate.for_env(env, "compact", None, LEVELS)
+    corpus = [texts.bid("miner", env.observation("miner")) + texts.reply_text(r) for r in shares]
+    arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    cfg = ModelConfig(name="tiny", source="tiny", prompt_style="compact", tiny=arch)
+    torch.manual_seed(0)
+    population = Population.build(cfg, list(env.roles), 1, corpus * 20)
+    prompts = PromptTemplate.for_env(env, "compact", population.agents[0].tokenizer, LEVELS)
+    agent = population.agents[1]
+    prompt = agent.encode_prompts([prompts.bid("miner", env.observation("miner"))])
+    replies = [agent.encode_reply(prompts.reply_text(r)) for r in shares]
+    weights = torch.tensor(list(shares.values()))
+    optimizer = torch.optim.Adam(agent.parameters(), lr=2e-2)
+    for _ in range(150):
+        logp, mask = agent.reply_token_logprobs(prompt * len(replies), replies)
+        loss = -((logp * mask).sum(dim=1) * weights).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    longest = max(len(r) for r in replies)
+    swarm = Swarm(population, prompts, longest + 1, 6, 1.0, hf_engine())
+    return RolloutLoop(lambda: CraftingEnv(CraftingConfig(max_decisions=12)), swarm, Auction())
+
+
+def _rejection_keeps(loop, env, replicates, tries, malformed, generator):
+    """Per replicate, the paper's rejection sampling with ``tries`` tries at a runner-up of
+    0.6: (kept, the kept reply is not a canonical level string)."""
+    bids = loop.swarm.bid(1, [env] * replicates, generator, copies=tries)
+    kept, odd = torch.zeros(replicates), torch.zeros(replicates)
+    for r in range(replicates):
+        for bid in bids[r * tries : (r + 1) * tries]:
+            if kept_by_rejection(bid, 0.6, malformed):
+                kept[r], odd[r] = 1.0, float(bid.reply.text.strip() not in CANONICAL)
+                break
+    return kept, odd
+
+
+CANONICAL = {f"{level:.1f}" for level in LEVELS}
+
+
+def _weighted_keeps(loop, env, replicates, rl, generator):
+    """Per replicate fork, the production redraw's weight w and w x (the counterfactual reply
+    is not a canonical level string)."""
+    decision = Decision(actor=1, winning_bid=0.8, runner_up=0, runner_up_bid=0.6)
+    steps = [StepRecord(0, decision, snapshot={}) for _ in range(replicates)]
+    found, weights = redraw_bids(loop, [env] * replicates, steps, rl, generator, ForkStats())
+    w = torch.tensor(weights)
+    odd = torch.tensor([float(r is not None and r.text.strip() not in CANONICAL) for r in found])
+    return w, w * odd
+
+
+def _gap(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    return abs(float(a.mean() - b.mean())), math.sqrt(float(a.var() / len(a) + b.var() / len(b)))
+
+
+@pytest.mark.parametrize("malformed", ["failed_try", "bid_zero"])
+def test_weighted_forks_have_the_expectation_of_rejection_with_non_canonical_replies(
+    spelling_loop, malformed
+):
+    """Monte Carlo: the default redraw's weights (and its weights on forks whose counterfactual
+    reply is a non-canonical spelling) have the expectation of the paper's three tries, which
+    keep any reply that parses below the runner-up (and a malformed one as bid 0 under
+    ``bid_zero``); q from the canonical strings alone (``weighted_below_runner_up``) does not."""
+    env = CraftingEnv(CraftingConfig(max_decisions=12))
+    env.reset(0)
+    replicates, generator = 3000, torch.Generator().manual_seed(0)
+    kept, odd = _rejection_keeps(spelling_loop, env, replicates, 3, malformed, generator)
+    assert float(odd.mean()) > 0.1 and float(kept.mean()) < 0.99, "the fit lost its spread"
+    rl = RLConfig(malformed_resample=malformed)
+    weights, odd_weights = _weighted_keeps(spelling_loop, env, replicates, rl, generator)
+    gap, se = _gap(weights, kept)
+    assert gap < 4 * se, f"weights {weights.mean():.4f} vs rejection {kept.mean():.4f}"
+    gap, se = _gap(odd_weights, odd)
+    assert gap < 4 * se, f"non-canonical {odd_weights.mean():.4f} vs rejection {odd.mean():.4f}"
+    if malformed == "failed_try":
+        canonical = RLConfig(bid_resample="weighted_below_runner_up")
+        weights, _ = _weighted_keeps(spelling_loop, env, replicates, canonical, generator)
+        gap, se = _gap(weights, kept)
+        assert gap > 6 * se, f"canonical q {weights.mean():.4f} ~ rejection {kept.mean():.4f}"

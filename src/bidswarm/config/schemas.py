@@ -271,7 +271,7 @@ class RLConfig:
     """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
     fork_selection: ForkSelection = ForkSelection.uniform
     """[ours] which of those the budget forks (:class:`ForkSelection`; paper: unreported)."""
-    bid_resample: BidResampling = BidResampling.weighted_below_runner_up
+    bid_resample: BidResampling = BidResampling.sampled_below_runner_up
     """[ours] how a fork redraws the winner's bid (:class:`BidResampling`)."""
     max_bid_resamples: int = 3
     """Rejection tries per fork (paper: 3): ``rejection`` makes them, ``weighted_below_runner_up``
