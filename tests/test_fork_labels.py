@@ -34,6 +34,11 @@ from conftest import hf_engine, tiny_crafting_swarm
 LEVELS = [0.0, 0.2, 0.4, 0.6, 0.8]
 
 
+PLAY_EVERY_FORK = "below_runner_up"
+"""The untrained agents of :func:`loop` rarely reply a parsed bid: a draw among the levels
+below plays every chosen fork, what the tests of controls and branches need."""
+
+
 @pytest.fixture(scope="module")
 def loop() -> RolloutLoop:
     return tiny_crafting_swarm(max_decisions=12)[2]
@@ -60,8 +65,12 @@ def test_control_count_is_the_share_of_the_played_forks_rounded_up():
 def test_control_branches_are_counted_and_never_reach_the_pairs(loop):
     """With controls the pairs are those without them (the controls play after every pair is
     made), the controls' rollout tokens are counted, and the funnel reports both rates."""
-    _, plain, plain_stats, plain_usage = forks(loop, RLConfig(fork_budget=3, control_forks=0.0))
-    _, pairs, stats, usage = forks(loop, RLConfig(fork_budget=3, control_forks=1.0))
+    _, plain, plain_stats, plain_usage = forks(
+        loop, RLConfig(fork_budget=3, control_forks=0.0, bid_resample=PLAY_EVERY_FORK)
+    )
+    _, pairs, stats, usage = forks(
+        loop, RLConfig(fork_budget=3, control_forks=1.0, bid_resample=PLAY_EVERY_FORK)
+    )
     assert stats.resampled_below > 0
     assert pairs == plain
     assert [p.weight for p in pairs] == [p.weight for p in plain]
@@ -79,7 +88,7 @@ def test_control_branches_are_counted_and_never_reach_the_pairs(loop):
 
 def test_a_share_of_the_played_forks_plays_controls(loop):
     """A share of 1/2 plays ceil(played / 2) control branches."""
-    rl = RLConfig(fork_budget=3, control_forks=0.5)
+    rl = RLConfig(fork_budget=3, control_forks=0.5, bid_resample=PLAY_EVERY_FORK)
     _, _, stats, _ = forks(loop, rl, seed=4)
     assert stats.control == control_count(stats.resampled_below, 0.5) > 0
 
@@ -147,8 +156,11 @@ def test_open_reward_selection_reads_only_the_state_at_the_fork():
 def test_k_branches_per_side_and_ties_kept_as_half_labels(loop):
     """K = 2: each fork plays 2 runner-up branches and 1 replay of the winner (more rollout
     tokens than K = 1); with half-label ties every played fork makes a pair."""
-    _, _, one, one_usage = forks(loop, RLConfig(fork_budget=2, control_forks=0.0))
+    _, _, one, one_usage = forks(
+        loop, RLConfig(fork_budget=2, control_forks=0.0, bid_resample=PLAY_EVERY_FORK)
+    )
     rl = RLConfig(fork_budget=2, control_forks=0.0, fork_branches=2, bt_ties="half_label")
+    rl.bid_resample = PLAY_EVERY_FORK
     _, pairs, two, two_usage = forks(loop, rl)
     assert two.resampled_below == one.resampled_below > 0
     assert two_usage.rollout_tokens > one_usage.rollout_tokens
