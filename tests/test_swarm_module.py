@@ -287,6 +287,7 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights, kl
         weights,
         [()] * len(levels),
         [()] * len(levels),
+        [False] * len(levels),
     )
 
     def loss_of(batch, backward):
@@ -629,12 +630,12 @@ def fork_feed(swarm: Swarm, rl: RLConfig):
 
 
 def test_weighted_forks_carry_the_chance_that_three_tries_keep_them(bidding_swarm):
-    """The default feed plays every chosen fork and weights its pair by 1 - (1 - q)^3, q the
+    """The canonical feed plays every chosen fork and weights its pair by 1 - (1 - q)^3, q the
     policy's mass on the levels below the runner-up (recomputed here from the bid prompt); the
     funnel reports the weight sum and the effective number of pairs."""
     swarm = bidding_swarm
-    rl = RLConfig(fork_budget=3)
-    assert rl.bid_resample == "weighted_below_runner_up" and rl.fork_steps == "all"
+    rl = RLConfig(fork_budget=3, bid_resample="weighted_below_runner_up")
+    assert rl.fork_steps == "all"
     episodes, pairs, stats = fork_feed(swarm, rl)
     assert stats.resampled_below == stats.chosen > 0 and pairs
     weights = [pair.weight for pair in pairs]

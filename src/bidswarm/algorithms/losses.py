@@ -7,6 +7,7 @@ Pure functions of tensors that return named terms; the training module sums and 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Sequence
 from enum import Enum
@@ -285,6 +286,7 @@ def bradley_terry_loss(
     beta: float = 1.0,
     weights: Tensor | None = None,
     normalizer: float | None = None,
+    ties: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Eq. 3 of MPT: Bradley–Terry preference loss on the winner's two bid replies.
 
@@ -302,10 +304,14 @@ def bradley_terry_loss(
         normalizer: the weight sum of the whole batch when these P pairs are one micro-batch of
             it (its pair count when unweighted; None: the sum of ``weights``, or P); the
             micro-batches' losses then sum to the whole batch's.
+        ties: True where the pair's branches tied, shape [P] (None: no tie; ``rl.bt_ties``
+            ``half_label`` [ours]): a tied pair has label 1/2, its loss
+            -(log sigmoid(beta d) + log sigmoid(-beta d)) / 2 for the margin d (log 2 at d = 0,
+            its minimum), weighted and normalised as the others.
 
     Returns:
-        {"loss_bid": scalar, "preference_accuracy": fraction of pairs with logp_w > logp_l
-        (unweighted), detached}.
+        {"loss_bid": scalar, "preference_accuracy": fraction of the decisive pairs with
+        logp_w > logp_l (unweighted; NaN when every pair tied), detached}.
     """
     if logp_winner.dim() != 1 or logp_winner.shape != logp_loser.shape:
         raise ValueError(
@@ -318,6 +324,13 @@ def bradley_terry_loss(
         raise ValueError(f"beta must be a finite number > 0, got {beta!r}")
     margin = logp_winner - logp_loser
     pair_losses = -F.logsigmoid(beta * margin)
+    decisive = torch.ones_like(margin, dtype=torch.bool)
+    if ties is not None:
+        if ties.shape != margin.shape:
+            raise ValueError(f"ties must have shape [P] = [{len(margin)}], got {tuple(ties.shape)}")
+        decisive = ~ties.to(torch.bool)
+        half = (pair_losses - F.logsigmoid(-beta * margin)) / 2
+        pair_losses = torch.where(decisive, pair_losses, half)
     if weights is None:
         total = pair_losses.sum()
         weight_sum = float(len(margin))
@@ -336,7 +349,7 @@ def bradley_terry_loss(
     if not weight_sum > 0.0:
         raise ValueError(f"the pairs' weight sum must be > 0, got {weight_sum!r}")
     loss = total / weight_sum
-    accuracy = (margin > 0).to(margin.dtype).mean().detach()
+    accuracy = (margin[decisive] > 0).to(margin.dtype).mean().detach()
     return {"loss_bid": loss, "preference_accuracy": accuracy}
 
 
@@ -362,3 +375,58 @@ def fork_preference(original_score: float, branch_score: float) -> int:
     if math.isclose(original_score, branch_score, rel_tol=tolerance, abs_tol=tolerance):
         return 0
     return 1 if original_score > branch_score else -1
+
+
+def side_score(branch_rewards: Sequence[Sequence[float]]) -> float:
+    """A fork side's score: the mean over its K branches (``rl.fork_branches`` [ours]) of each
+    branch's rewards from the forked step on; with K = 1 that branch's sum, the paper's score.
+
+    Example: branches (0, 10) and (0, 0, 30) -> (10 + 30) / 2 = 20.
+    """
+    if not branch_rewards:
+        raise ValueError("a fork side needs at least one branch")
+    return sum(sum(rewards) for rewards in branch_rewards) / len(branch_rewards)
+
+
+def _mean_reward_curve(branch_rewards: Sequence[Sequence[float]], length: int) -> list[float]:
+    """Per decision from the forked step on, the reward earned so far, mean over the branches
+    (a branch that ended keeps its total)."""
+    curves = []
+    for rewards in branch_rewards:
+        curve = list(itertools.accumulate(rewards))
+        curves.append(curve + [curve[-1] if curve else 0.0] * (length - len(curve)))
+    return [sum(values) / len(curves) for values in zip(*curves, strict=True)]
+
+
+def tie_break_preference(
+    original_rewards: Sequence[Sequence[float]],
+    branch_rewards: Sequence[Sequence[float]],
+    original_progress: Sequence[float | None],
+    branch_progress: Sequence[float | None],
+) -> int:
+    """[ours] ``rl.fork_tie_break``: which side of a TIED fork is preferred, +1 the original
+    (recorded) side, -1 the counterfactual, 0 still tied (dropped). Each side is its branches'
+    rewards from the forked step on and each branch's progress score at its end
+    (``TextEnv.progress``, None: unknown).
+
+    Earlier reward first: at the first decision where the sides' rewards so far (mean over
+    their branches) differ, the side ahead is preferred. Then the higher mean progress score
+    of the final states, when every branch has one. Both compare within
+    :data:`BRANCH_SCORE_TOLERANCE`, as :func:`fork_preference` does.
+
+    Example: rewards (0, 10, 0) against (10, 0, 0): -1 (the counterfactual earned its 10
+    first); (0, 0) against (0,) with progress -3 against -5: +1.
+    """
+    length = max(len(rewards) for rewards in (*original_rewards, *branch_rewards))
+    original = _mean_reward_curve(original_rewards, length)
+    branch = _mean_reward_curve(branch_rewards, length)
+    for ahead, behind in zip(original, branch, strict=True):
+        preference = fork_preference(ahead, behind)
+        if preference != 0:
+            return preference
+    progress = [*original_progress, *branch_progress]
+    if any(value is None for value in progress):
+        return 0
+    original_mean = sum(original_progress) / len(original_progress)  # type: ignore[arg-type]
+    branch_mean = sum(branch_progress) / len(branch_progress)  # type: ignore[arg-type]
+    return fork_preference(original_mean, branch_mean)

@@ -6,6 +6,11 @@ drops the step when every try fails. With q the chance that one resample lands b
 kept with probability 1 - (1 - q)^K, and a kept bid is distributed as the policy restricted to
 the levels below. Drawing from that restricted policy directly and weighting the fork by
 1 - (1 - q)^K gives every sum over forks the same expectation, while no fork is wasted.
+
+q is not known exactly: a reply that parses below in another spelling than a level's canonical
+string (``0.20``, ``0``) is kept by rejection too, and scoring only the canonical strings
+(:func:`draw_below`) leaves it out. :func:`keep_probability_estimate` estimates the chance
+that K tries keep a fork from m sampled replies instead, without bias whatever the replies.
 """
 
 from __future__ import annotations
@@ -50,3 +55,22 @@ def rejection_keep_probability(q: float, tries: int) -> float:
     if q == 1.0:
         return 1.0
     return -math.expm1(tries * math.log1p(-q))
+
+
+def keep_probability_estimate(kept: int, samples: int, tries: int) -> float:
+    """1 - C(m - c, K) / C(m, K), with c = ``kept`` of m = ``samples`` independent resamples
+    kept by rejection and K = ``tries``: the unbiased estimate of 1 - (1 - q)^K (the chance
+    that K tries keep a fork, :func:`rejection_keep_probability`) from m samples, as pass@k
+    is (Chen et al. 2021). Needs m >= K. Given c >= 1, the first kept sample is distributed as
+    a kept try's bid, independently of c, so a fork played with it and weighted by this
+    estimate has the expectation of the fork rejection sampling keeps.
+
+    Example: m = 8, K = 3: c = 0 -> 0, c = 1 -> 1 - 35/56 = 0.375, c >= 6 -> 1.
+    """
+    if tries < 1:
+        raise ValueError(f"tries must be >= 1, got {tries!r}")
+    if samples < tries:
+        raise ValueError(f"samples must be >= tries = {tries}, got {samples!r}")
+    if not 0 <= kept <= samples:
+        raise ValueError(f"kept must lie in [0, {samples}], got {kept!r}")
+    return 1.0 - math.comb(samples - kept, tries) / math.comb(samples, tries)

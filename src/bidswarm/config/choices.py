@@ -75,6 +75,13 @@ class ForkSelection(str, Enum):
     it soon, and the counterfactual must earn it again to tie or win, so the pairs lean toward
     "keep the recorded (higher) bid"; forks far from any reward, where the lower bid could
     win, are left out first."""
+    open_reward = "open_reward"
+    """[ours] A draw without replacement weighted by what is known at the fork: the reward
+    still open there (the milestones not yet reached, ``TextEnv.open_reward``; 1 when the task
+    does not say) times the decisions left in the episode's budget; a step with nothing left
+    to earn (every branch from it scores 0: a certain tie) comes last. Unbiased like
+    ``margin``: it reads the state at the fork, not the recorded branch's future, so it changes
+    which states teach the bids, not which branch the labels prefer."""
 
     __str__ = str.__str__
 
@@ -97,9 +104,51 @@ class BidResampling(str, Enum):
     preference pair by 1 - (1 - q)^K, K = ``max_bid_resamples``, q the policy's mass on the
     canonical replies of the levels below (at ``bid_resample_temperature``): the Bradley-Terry
     loss then has the expectation of the paper's rejection sampling with K tries
-    (``algorithms/resampling.py``). q leaves out replies that parse below in another spelling,
-    which rejection would keep: a policy trained on canonical replies puts little mass there,
-    and such a reply is never a counterfactual bid here."""
+    (``algorithms/resampling.py``). Biased: q counts only the canonical reply strings, and
+    rejection also keeps replies that parse below in another spelling (SmolLM2 after SFT:
+    q 0.074 against a parse-below rate of 0.105, 0.852 against 0.94), so the pairs of
+    confident steps weigh too little; such a reply is never a counterfactual bid here."""
+    sampled_below_runner_up = "sampled_below_runner_up"
+    """[ours] The default. Sample m = ``rl.bid_resample_samples`` bid replies of the winner (at
+    ``bid_resample_temperature``); of the c that rejection would keep (those that parse below
+    the runner-up's bid, and malformed ones as ``rl.malformed_resample`` says), the first is
+    the counterfactual bid, and the pair's weight is 1 - C(m - c, K) / C(m, K), K =
+    ``max_bid_resamples`` (the unbiased estimate of 1 - (1 - q)^K from m samples, as pass@k;
+    0 when c = 0: the fork is not played). Given c the first kept sample is distributed as the
+    policy restricted to what rejection keeps, so the weighted pairs have exactly the
+    expectation of the paper's K tries, non-canonical spellings included; the price is
+    variance (a fork with c = 0 is dropped: (1 - q)^m of them)."""
+
+    __str__ = str.__str__
+
+
+class MalformedResample(str, Enum):
+    """What a fork's resampled bid reply that does not parse is (``rl.malformed_resample``),
+    under ``rl.bid_resample=rejection`` and ``sampled_below_runner_up``."""
+
+    failed_try = "failed_try"
+    """[ours] The default: a failed try. It would count as bid 0 in the auction, but it is no
+    bid the policy could be taught to prefer, so it never becomes a counterfactual bid."""
+    bid_zero = "bid_zero"
+    """The paper's reading (section 2: a malformed bid counts as 0): bid 0, below every
+    runner-up of a contested step, so the try succeeds and the malformed reply is the pair's
+    counterfactual bid (the learner raises or lowers the chance of writing it)."""
+
+    __str__ = str.__str__
+
+
+class BidTies(str, Enum):
+    """What the Bradley-Terry loss makes of a fork whose branches tie (``rl.bt_ties``)."""
+
+    drop = "drop"
+    """The paper's: a tied fork makes no pair."""
+    half_label = "half_label"
+    """[ours] A tied fork is a pair with label 1/2: loss -(log sigmoid(d) + log sigmoid(-d)) / 2
+    for the margin d, minimal at d = 0: a tie counts as half a win for each bid (as in chess
+    scores; Rao-Kupper and Davidson's models add a tie likelihood with a parameter of its own
+    instead). Decisive pairs keep the paper's loss. Biased toward
+    indifference: most ties are two branches that both earned nothing, which says little of
+    the bids, and each pulls the recorded and the counterfactual bid's log-probs together."""
 
     __str__ = str.__str__
 

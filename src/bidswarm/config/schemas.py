@@ -24,11 +24,13 @@ from bidswarm.config.choices import (
     Adapter,
     BidResampling,
     BidSlotWithoutBids,
+    BidTies,
     DType,
     Engine,
     ForkSelection,
     ForkSteps,
     KVCache,
+    MalformedResample,
     ModelSource,
     PromptStyle,
     SFTMatch,
@@ -270,17 +272,52 @@ class RLConfig:
     """[ours] which contested steps may be forked (:class:`ForkSteps`)."""
     fork_selection: ForkSelection = ForkSelection.uniform
     """[ours] which of those the budget forks (:class:`ForkSelection`; paper: unreported)."""
-    bid_resample: BidResampling = BidResampling.weighted_below_runner_up
+    bid_resample: BidResampling = BidResampling.sampled_below_runner_up
     """[ours] how a fork redraws the winner's bid (:class:`BidResampling`)."""
     max_bid_resamples: int = 3
     """Rejection tries per fork (paper: 3): ``rejection`` makes them, ``weighted_below_runner_up``
-    weighs each fork by the chance that they would have kept it."""
+    and ``sampled_below_runner_up`` weigh each fork by the chance that they would have kept it."""
+    bid_resample_samples: int = 8
+    """[ours] m, the bid replies ``rl.bid_resample=sampled_below_runner_up`` samples per fork to
+    estimate that chance (>= ``max_bid_resamples``); more: less variance, fewer forks dropped
+    ((1 - q)^m of them), more bid tokens (counted in ``tokens/rollout``)."""
+    malformed_resample: MalformedResample = MalformedResample.failed_try
+    """[ours] What a resampled bid reply that does not parse is under ``rl.bid_resample``
+    ``rejection`` or ``sampled_below_runner_up`` (:class:`MalformedResample`; the paper's
+    reading: ``bid_zero``, below the runner-up)."""
+    fork_branches: int = 1
+    """[ours] K, the branches per side of a fork, each side scored by their mean: the runner-up's
+    K branches against the recorded episode and K - 1 replays where the recorded winner acts
+    again (1: the paper's estimator, one branch each). Each side's mean is an unbiased
+    estimate of its expected return, so the label sign(mean - mean) errs less than the
+    paper's sign of one draw each; biased against the paper's pairs in that the Bradley-Terry
+    target becomes P(mean_w > mean_l), more decided than P(one w > one l), and a recorded
+    episode that ``rl.fork_selection=near_reward`` or ``rl.fork_steps=until_last_reward``
+    chose for its future weighs 1/K of its side. Costs 2K - 1 branches per fork."""
+    fork_tie_break: bool = False
+    """[ours] Decide a tied fork (equal scores) by who earned first (at the first decision where
+    the sides' rewards so far differ, the side ahead), then by the higher progress score of the
+    final states (``TextEnv.progress``; crafting: minus the scripted plan's steps left), both
+    within the branch score tolerance; still tied: dropped. Biased: the paper's label is the
+    return alone, and these labels teach speed and the progress heuristic besides it; every
+    tie-broken pair weighs as a reward-decided one (``forks/tie_broken`` counts them)."""
+    bt_ties: BidTies = BidTies.drop
+    """[ours] What Bradley-Terry makes of a fork that still ties (:class:`BidTies`; paper:
+    ``drop``)."""
     bid_resample_temperature: float | None = None
     """[ours] sampling temperature of the winner's bid resamples in a fork (None: the model's).
     After SFT the bid policies are peaked, so at the model's temperature few resamples fall
     below the runner-up and most forks are dropped (see the ``forks/*`` funnel)."""
     bt_beta: float = 1.0
     """[ours] scale of the Bradley-Terry log-ratio (paper: none, i.e. 1)."""
+    control_forks: float = 0.125
+    """[ours] The share of each bid update's played forks that also play a control branch: the
+    recorded winner acts again at the forked step, with fresh samples (who acts does not
+    change), and the control branch is compared with the recorded one as the counterfactual
+    is. ``forks/control_untied`` against ``forks/untied`` says how much of the labels is noise
+    of sampling (0: none; 1: every fork). Control branches feed no loss and are played after
+    the pairs are made, so the pairs are those without them; their tokens count in
+    ``tokens/rollout`` and ``flops/*`` as the forks' do."""
     importance_cap: float | None = None
     """[ours] Truncated importance sampling (TIS) of the sampler/learner mismatch: each
     REINFORCE token's term is weighted by min(pi_learner / pi_engine, cap) of its token, each

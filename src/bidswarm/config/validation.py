@@ -308,9 +308,31 @@ def _rl_problems(cfg: Any, problems: Problems) -> None:
     problems.at_least("rl.micro_batch_tokens", rl.micro_batch_tokens, 1)
     problems.at_least("rl.fork_budget", rl.fork_budget, 0)
     problems.at_least("rl.max_bid_resamples", rl.max_bid_resamples, 1)
+    problems.require(
+        rl.bid_resample_samples >= rl.max_bid_resamples,
+        "rl.bid_resample_samples",
+        rl.bid_resample_samples,
+        f">= rl.max_bid_resamples = {rl.max_bid_resamples} (the tries it estimates)",
+    )
+    problems.require(
+        rl.malformed_resample == "failed_try"
+        or rl.bid_resample in ("rejection", "sampled_below_runner_up"),
+        "rl.malformed_resample",
+        rl.malformed_resample,
+        f"failed_try under rl.bid_resample={rl.bid_resample}: a draw among the canonical "
+        "levels never meets a malformed reply (bid_zero needs rejection or "
+        "sampled_below_runner_up)",
+    )
+    problems.at_least("rl.fork_branches", rl.fork_branches, 1)
     if rl.bid_resample_temperature is not None:
         problems.positive("rl.bid_resample_temperature", rl.bid_resample_temperature)
     problems.positive("rl.bt_beta", rl.bt_beta)
+    problems.require(
+        0.0 <= rl.control_forks <= 1.0,
+        "rl.control_forks",
+        rl.control_forks,
+        "a share of the played forks, in [0, 1]",
+    )
     problems.at_least("rl.checkpoint_every", rl.checkpoint_every, 1)
     if rl.stop_after is not None:
         problems.require(rl.stop_after >= 1, "rl.stop_after", rl.stop_after, ">= 1 or null")

@@ -283,6 +283,18 @@ class TextEnv(abc.ABC):
         """Task metrics of the episode so far, all floats: every key of :data:`EPISODE_METRICS`
         (``success``, ``reward``, ``decisions``) and the task's own (milestones reached, ...)."""
 
+    def open_reward(self) -> float | None:
+        """The reward the episode can still earn from this state (the milestones not yet
+        reached), known without playing on (``rl.fork_selection=open_reward``); None: the task
+        does not say."""
+        return None
+
+    def progress(self) -> float | None:
+        """How far this state has come toward the task's goal, higher further, comparable
+        between states of one world (``rl.fork_tie_break`` compares tied branches' final
+        states by it); None: the task has no such score."""
+        return None
+
     # -- fork contract -------------------------------------------------------------------------
     @abc.abstractmethod
     def snapshot(self) -> Any:

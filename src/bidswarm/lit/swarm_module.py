@@ -393,12 +393,14 @@ class SwarmModule(L.LightningModule):
             )
             if reply_weights is not None:
                 pair_weights = pair_weights * reply_weights[:n] * reply_weights[n:]
+            ties = [batch.tied[i] for i in part]
             terms = bradley_terry_loss(
                 summed[:n],
                 summed[n:],
                 self.rl.bt_beta,
                 weights=pair_weights,
                 normalizer=weight_sum,
+                ties=torch.tensor(ties, device=policy.device) if any(ties) else None,
             )
             loss = terms["loss_bid"]
             total = total + loss.detach()

@@ -53,6 +53,8 @@ class BidBatch:
     weights: list[float]
     preferred_sampled_logprobs: list[tuple[float, ...]]
     rejected_sampled_logprobs: list[tuple[float, ...]]
+    tied: list[bool]
+    """Per pair, whether its fork tied (label 1/2, ``rl.bt_ties=half_label``)."""
 
     @property
     def row_tokens(self) -> list[int]:
@@ -115,6 +117,7 @@ def preference_batches(pairs: list[PreferencePair]) -> list[BidBatch]:
             [p.weight for p in items],
             [p.preferred_sampled_logprobs for p in items],
             [p.rejected_sampled_logprobs for p in items],
+            [p.tied for p in items],
         )
         for agent, items in group_by(pairs, lambda pair: pair.agent)
     ]

@@ -66,7 +66,14 @@ class RolloutLoop:
         self.play(envs, episodes, rng, generator, keep_snapshots)
         for env, episode in zip(envs, episodes, strict=True):
             episode.metrics = env.episode_metrics()
+            if keep_snapshots:
+                episode.final_progress = env.progress()
         return episodes
+
+    @property
+    def horizon(self) -> int:
+        """The decision budget of an episode (``task.max_decisions``)."""
+        return self.envs(1)[0].config.max_decisions
 
     def play(
         self,
@@ -247,6 +254,7 @@ class RolloutLoop:
         record = StepRecord(env.decisions_made, decision, bids, action)
         if keep_snapshots and record.contested:
             record.snapshot = env.snapshot()
+            record.open_reward = env.open_reward()
         if decision.actor is None:
             result = env.skip()
         else:

@@ -54,6 +54,9 @@ class StepRecord:
     reward: float = 0.0
     valid_action: bool = True
     snapshot: Any = None
+    open_reward: float | None = None
+    """With the snapshot: the reward still open before the step (``TextEnv.open_reward``),
+    what ``rl.fork_selection=open_reward`` reads."""
     memory: MemoryTrace | None = None
     message: str = ""
 
@@ -74,6 +77,9 @@ class Episode:
     seed: int
     steps: list[StepRecord] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    final_progress: float | None = None
+    """The progress score of the final state (``TextEnv.progress``), read when the episode
+    keeps snapshots (a bid update's: ``rl.fork_tie_break`` compares it); None otherwise."""
 
     @property
     def total_reward(self) -> float:
@@ -99,8 +105,11 @@ class PreferencePair:
     rejected_ids: list[int]
     weight: float = 1.0
     """The pair's weight in the Bradley-Terry mean (Eq. 3): the chance that the paper's rejection
-    sampling would have kept its fork (``rl.bid_resample=weighted_below_runner_up``), else 1."""
+    sampling would have kept its fork (``rl.bid_resample`` ``weighted_below_runner_up`` or
+    ``sampled_below_runner_up``), else 1."""
     preferred_sampled_logprobs: tuple[float, ...] = ()
     rejected_sampled_logprobs: tuple[float, ...] = ()
     """The engine's log-probs of each reply's tokens, where an engine sampled it
     (:attr:`Reply.sampled_logprobs`; empty for a reply the collector drew itself)."""
+    tied: bool = False
+    """The fork's sides tied: a pair with label 1/2 (``rl.bt_ties=half_label``)."""

@@ -307,6 +307,19 @@ class CraftingEnv(TextEnv):
             metrics |= self.memory.metrics()
         return metrics
 
+    def open_reward(self) -> float:
+        """The milestones' rewards not yet earned (0 once the episode has ended)."""
+        if self._done:
+            return 0.0
+        return sum(reward for item, reward in self.milestones.items() if item not in self.obtained)
+
+    def progress(self) -> float:
+        """Minus the steps the scripted experts' plan still needs to reach the target (0 once
+        it is held)."""
+        if self.inventory.get(self.config.target, 0) > 0:
+            return 0.0
+        return -float(len(expert.plan(self)))
+
     # -- the skill model -------------------------------------------------------------------
     def _gain(self, item: str, count: int) -> None:
         self.inventory[item] = self.inventory.get(item, 0) + count
