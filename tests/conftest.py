@@ -52,6 +52,7 @@ def tiny_crafting_swarm(max_decisions: int):
         return CraftingEnv(CraftingConfig(max_decisions=max_decisions))
 
     env = make_env()
+    env.reset(0)
     texts = PromptTemplate.for_env(env, "compact", None, TINY_BID_LEVELS)
     corpus = [texts.action(r, env.observation(r)) + " chop a tree 0.8" for r in env.roles]
     arch = TinyArchConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

@@ -195,6 +195,7 @@ def spelling_loop() -> RolloutLoop:
     ``ABOVE`` at about their shares: a third of its mass parses below 0.6 without being a
     canonical level string (as SmolLM2's replies do after SFT)."""
     env = CraftingEnv(CraftingConfig(max_decisions=12))
+    env.reset(0)
     shares = SPELLINGS | ABOVE
     texts = PromptTemplate.for_env(env, "compact", None, LEVELS)
     corpus = [texts.bid("miner", env.observation("miner")) + texts.reply_text(r) for r in shares]

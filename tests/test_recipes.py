@@ -160,6 +160,7 @@ def test_a_new_task_is_its_package_and_its_yaml(registries, conf):
         roles = ("counter",)
 
         def reset(self, seed: int) -> None:
+            self.begin_episode(seed)
             self.state = {"count": 0, "decisions": 0, "reward": 0.0}
 
         task_description = "Count to the target."
@@ -180,6 +181,7 @@ def test_a_new_task_is_its_package_and_its_yaml(registries, conf):
             return self._spend(0.0, True)
 
         def skip(self) -> StepResult:
+            self.require_running("skip()")
             return self._spend(0.0, True)
 
         def _spend(self, reward: float, valid: bool) -> StepResult:
@@ -206,6 +208,7 @@ def test_a_new_task_is_its_package_and_its_yaml(registries, conf):
 
         def restore(self, state: dict) -> None:
             self.state = dict(state)
+            self.episode_started = True
 
         def expert_action(self, role: str | None) -> str | None:
             return None if self.done else "count"

@@ -18,7 +18,7 @@ import pickle
 import random
 from collections.abc import Callable
 
-from bidswarm.envs.base import EPISODE_METRICS, TextEnv
+from bidswarm.envs.base import EPISODE_METRICS, EpisodeNotRunning, TextEnv
 
 
 def random_reply(env: TextEnv, role: str | None, rng: random.Random) -> str:
@@ -104,6 +104,7 @@ def check_task_contract(make_env: Callable[[], TextEnv], seeds: list[int]) -> No
     assert not set(env.train_seeds()) & set(env.heldout_seeds()), (
         f"{task}: training and held-out worlds overlap"
     )
+    _check_refused(make_env(), task, "before reset()")
     for seed in seeds:
         rng = random.Random(seed)
         env.reset(seed)
@@ -124,6 +125,28 @@ def check_task_contract(make_env: Callable[[], TextEnv], seeds: list[int]) -> No
                 f"{task} seed {seed}: {env.decisions_made} decisions, past task.max_decisions"
             )
             _check_episode_metrics(env, task, seed, total)
+        _check_refused(env, task, f"after the episode of seed {seed} ended")
+        ended = env.snapshot()
+        env.reset(seed)
+        env.restore(ended)
+        _check_refused(env, task, f"after restoring the ended episode of seed {seed}")
+
+
+def _check_refused(env: TextEnv, task: str, when: str) -> None:
+    """``step`` and ``skip`` raise :class:`EpisodeNotRunning` and change nothing ``when``."""
+    for call in (lambda: env.step(env.roles[0], "x"), env.skip):
+        before = env.decisions_made if env.episode_started else None
+        try:
+            call()
+        except EpisodeNotRunning:
+            pass
+        else:
+            raise AssertionError(
+                f"{task}: a step {when} did not raise EpisodeNotRunning (reset starts with "
+                "begin_episode, skip with require_running: envs/base.py)"
+            )
+        after = env.decisions_made if env.episode_started else None
+        assert after == before, f"{task}: a refused step {when} changed decisions_made"
 
 
 def _check_episode_metrics(env: TextEnv, task: str, seed: int, total_reward: float) -> None:
