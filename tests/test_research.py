@@ -371,7 +371,7 @@ def test_snapshot_is_plain_data(env):
 
 
 def test_registered_in_tasks():
-    assert TASKS["research"] == "bidswarm.envs.research:ResearchEnv"
+    assert TASKS["research"] is ResearchEnv
     assert env_class("research") is ResearchEnv
 
 

@@ -31,6 +31,9 @@ def sweep(tmp_path_factory) -> tuple[str, Path]:
         "task.n_heldout_seeds=2",
         "sft.demo_episodes=2",
         "eval.every=1",
+        # agents this barely trained rarely reply a bid that parses below the runner-up, which
+        # the default redraw needs: a draw among the levels below plays every chosen fork
+        "rl.bid_resample=below_runner_up",
     )
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

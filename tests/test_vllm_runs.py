@@ -6,6 +6,7 @@ engine process behind. Tier ``vllm`` (``make test-vllm``, CI)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -100,3 +101,18 @@ def test_sigterm_stops_at_an_update_boundary_with_no_engine_left(tmp_path):
     assert code == 128 + signal.SIGTERM, output[-4000:]
     assert "SIGTERM received: checkpointed after update" in output
     assert gone(engines), "the engine outlived its run"
+
+
+def test_a_dead_engine_stops_the_run_naming_the_engine_and_where_to_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, *COMMON, "rl.cycles=20", env=cli_env(tmp_path))
+    wait_for(lambda: saved_updates(run_dir) >= 1, process, "the first checkpoint")
+    engines = engine_processes()
+    assert engines, "no engine process while the run generates"
+    for pid in engines:
+        os.kill(pid, signal.SIGKILL)
+    code, output = finish(process)
+    assert code not in (0, 128 + signal.SIGTERM), output[-4000:]
+    assert "vLLM engine process" in output  # EngineStopped: which process, and its log
+    assert "the rollout engine (model.engine=vllm) stopped" in output
+    assert f"resume={run_dir}" in output and "last.ckpt" in output, output[-4000:]
