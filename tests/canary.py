@@ -27,19 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PIN = Path(__file__).with_name("canary.json")
 
 OVERRIDES = (
-    # The main job's SFT and fork sizes, cut to 2 action updates and 1 bid update on 8 worlds.
-    "debug=smoke",
+    # conf/debug/reward.yaml: the main job's SFT and fork sizes, cut to 2 action updates and 1
+    # bid update on 8 worlds (a run that earns training reward).
+    "debug=reward",
     "seed=0",
     "logger=csv",
-    "sft.epochs=6",
-    "sft.demo_episodes=24",
-    "task.max_decisions=30",
-    "rl.cycles=1",
-    "rl.action_updates=2",
-    "rl.bid_updates=1",
-    "rl.envs_per_update=8",
-    "rl.bid_envs_per_update=16",
-    "rl.fork_budget=8",
 )
 """What the canary runs: ``python -m bidswarm.train`` with these overrides (~20 s on 2 cores)."""
 

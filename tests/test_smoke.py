@@ -1,5 +1,5 @@
-"""At the canary's sizes (``debug=smoke`` and ``tests/canary.py``'s overrides) a run earns training
-reward on crafting, and its last lines say so."""
+"""``debug=reward`` (the canary's profile) earns training reward on crafting, and its last lines
+say so."""
 
 from __future__ import annotations
 
