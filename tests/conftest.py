@@ -98,3 +98,16 @@ def _no_leaked_environment():
         )
     }
     assert not leaked, f"test leaked environment variables: {sorted(leaked)}"
+
+
+@pytest.fixture(scope="module")
+def research_cache(tmp_path_factory) -> str:
+    """A temporary folder for the research task's BM25 index, built once per test module."""
+    return str(tmp_path_factory.mktemp("research_cache"))
+
+
+@pytest.fixture
+def config(research_cache):
+    """Per task, the config fields that keep it cheap in tests (research: the BM25 index in a
+    temporary folder, built once for the module)."""
+    return lambda name: {"cache_dir": research_cache} if name == "research" else {}

@@ -42,18 +42,6 @@ MEMORY = {"size": 4, "top_k": 3, "note_words": 8}
 """The shared memory on, given as YAML or ``gymnasium.make`` keyword arguments give it."""
 
 
-@pytest.fixture(scope="module")
-def research_cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("research_cache"))
-
-
-@pytest.fixture
-def config(research_cache):
-    """Per task, the config fields that keep it cheap in tests (research: the BM25 index in a
-    temporary folder, built once for the module)."""
-    return lambda name: {"cache_dir": research_cache} if name == "research" else {}
-
-
 def make_wrapper(kind: str, name: str, **config):
     if kind == "aec":
         return bidswarm_pettingzoo.env(name, **config)

@@ -29,18 +29,6 @@ LEVELS = list(bidswarm_pettingzoo.BID_LEVELS)
 SEEDS = [0, 1, 2]
 
 
-@pytest.fixture(scope="module")
-def research_cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("research_cache"))
-
-
-@pytest.fixture
-def config(research_cache):
-    """Per task, the config fields that keep it cheap in tests (research: the BM25 index in a
-    temporary folder, built once for the module)."""
-    return lambda name: {"cache_dir": research_cache} if name == "research" else {}
-
-
 def expert_bid_text(env: TextAuctionEnv | TextParallelEnv, role: str) -> str:
     return format_bid(snap_to_level(env.task.expert_bid(role), LEVELS))
 

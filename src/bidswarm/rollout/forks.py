@@ -413,21 +413,12 @@ def _sample_bids_below(
     m = rl.bid_resample_samples
     found: list[Reply | None] = [None] * len(steps)
     weights = [0.0] * len(steps)
-    for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
-        samples = loop.swarm.bid(
-            agent,
-            [envs[k] for k in ks],
-            generator,
-            copies=m,
-            temperature=rl.bid_resample_temperature,
-        )
-        for j, k in enumerate(ks):
-            mine = samples[j * m : (j + 1) * m]
-            stats.unparsed_resamples += sum(not bid.parsed for bid in mine)
-            ceiling = steps[k].decision.runner_up_bid
-            kept = [bid for bid in mine if kept_by_rejection(bid, ceiling, rl.malformed_resample)]
-            weights[k] = keep_probability_estimate(len(kept), m, rl.max_bid_resamples)
-            found[k] = kept[0].reply if kept else None
+    for k, mine in _winner_bid_samples(loop, envs, steps, m, rl, generator):
+        stats.unparsed_resamples += sum(not bid.parsed for bid in mine)
+        ceiling = steps[k].decision.runner_up_bid
+        kept = [bid for bid in mine if kept_by_rejection(bid, ceiling, rl.malformed_resample)]
+        weights[k] = keep_probability_estimate(len(kept), m, rl.max_bid_resamples)
+        found[k] = kept[0].reply if kept else None
     return found, weights
 
 
@@ -475,21 +466,33 @@ def _resample_bids(
     """Per fork, the first of ``rl.max_bid_resamples`` resampled winner bids that rejection
     keeps (:func:`kept_by_rejection`: parsed below the runner-up's; a malformed one only under
     ``rl.malformed_resample=bid_zero``), or None."""
-    tries = rl.max_bid_resamples
     found: list[Reply | None] = [None] * len(steps)
+    for k, tries in _winner_bid_samples(loop, envs, steps, rl.max_bid_resamples, rl, generator):
+        for bid in tries:
+            stats.unparsed_resamples += not bid.parsed
+            if kept_by_rejection(bid, steps[k].decision.runner_up_bid, rl.malformed_resample):
+                found[k] = bid.reply
+                break
+    return found
+
+
+def _winner_bid_samples(
+    loop: RolloutLoop,
+    envs: list[TextEnv],
+    steps: list[StepRecord],
+    copies: int,
+    rl: RLConfig,
+    generator: torch.Generator,
+):
+    """``(k, bids)`` per fork k: ``copies`` bids of its recorded winner sampled from the fork's
+    world at ``rl.bid_resample_temperature``, one generation batch per agent."""
     for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
         samples = loop.swarm.bid(
             agent,
             [envs[k] for k in ks],
             generator,
-            copies=tries,
+            copies=copies,
             temperature=rl.bid_resample_temperature,
         )
         for j, k in enumerate(ks):
-            for bid in samples[j * tries : (j + 1) * tries]:
-                stats.unparsed_resamples += not bid.parsed
-                ceiling = steps[k].decision.runner_up_bid
-                if kept_by_rejection(bid, ceiling, rl.malformed_resample):
-                    found[k] = bid.reply
-                    break
-    return found
+            yield k, samples[j * copies : (j + 1) * copies]
