@@ -54,7 +54,12 @@ def run_config(run_dir: Path, source: str):
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose(
             "evaluate",
-            overrides=[f"run_dir={run_dir}", f"bids_from={source}", f"actions_from={source}"],
+            overrides=[
+                f"run_dir='{run_dir}'",
+                f"output_dir='{run_dir / 'fork_labels'}'",
+                f"bids_from={source}",
+                f"actions_from={source}",
+            ],
         )
     return resolve_from_run(cfg)
 
