@@ -59,7 +59,7 @@ def test_sweep_parent_is_named_from_the_sweep_and_summarises_its_arms(sweep):
     parent = parents[0]
     assert parent.info.run_name == (
         "sweep debug=smoke ablation=none,random_credit seed=0 task.n_heldout_seeds=2 "
-        "sft.demo_episodes=2 eval.every=1"
+        "sft.demo_episodes=2 eval.every=1 rl.bid_resample=below_runner_up"
     )
     assert parent.info.status == "FINISHED"
     # It ended after its last child, not when it was made.
