@@ -90,12 +90,19 @@ def test_a_run_killed_in_an_update_resumes_to_the_same_numbers(tmp_path, uninter
     assert gone(engine_processes(), timeout=5)
 
 
-def test_sigterm_stops_at_an_update_boundary_with_no_engine_left(tmp_path):
+def generating_run(tmp_path: Path):
+    """A long run started in ``tmp_path``, past its first checkpoint: (its folder, its process,
+    the pids of its engine processes)."""
     run_dir = tmp_path / "run"
     process = start_cli(run_dir, *COMMON, "rl.cycles=20", env=cli_env(tmp_path))
     wait_for(lambda: saved_updates(run_dir) >= 1, process, "the first checkpoint")
     engines = engine_processes()
     assert engines, "no engine process while the run generates"
+    return run_dir, process, engines
+
+
+def test_sigterm_stops_at_an_update_boundary_with_no_engine_left(tmp_path):
+    _, process, engines = generating_run(tmp_path)
     process.send_signal(signal.SIGTERM)
     code, output = finish(process)
     assert code == 128 + signal.SIGTERM, output[-4000:]
@@ -104,11 +111,7 @@ def test_sigterm_stops_at_an_update_boundary_with_no_engine_left(tmp_path):
 
 
 def test_a_dead_engine_stops_the_run_naming_the_engine_and_where_to_resume(tmp_path):
-    run_dir = tmp_path / "run"
-    process = start_cli(run_dir, *COMMON, "rl.cycles=20", env=cli_env(tmp_path))
-    wait_for(lambda: saved_updates(run_dir) >= 1, process, "the first checkpoint")
-    engines = engine_processes()
-    assert engines, "no engine process while the run generates"
+    run_dir, process, engines = generating_run(tmp_path)
     for pid in engines:
         os.kill(pid, signal.SIGKILL)
     code, output = finish(process)
