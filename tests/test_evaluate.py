@@ -229,3 +229,46 @@ def test_cli_evaluates_a_run_folder(finished_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "held-out reward" in result.stdout
     assert json.loads((tmp_path / "cli" / "evaluation.json").read_text())["episodes"] == 1.0
+
+
+def test_an_evaluation_sweep_ends_its_parent_with_the_arms_summary(finished_run, tmp_path):
+    """``python -m bidswarm.evaluate -m run_dir=... coordination=a,b`` as a new user types it:
+    the parent run is made before the jobs, named from the sweep's overrides (the folder as
+    given), and ends FINISHED after them with each arm's held-out reward."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [
+        sys.executable,
+        "-m",
+        "bidswarm.evaluate",
+        "-m",
+        f"run_dir={finished_run}",
+        "coordination=auction,round_robin",
+        "max_seeds=2",
+        "runs_per_seed=1",
+        f"logger.tracking_uri={uri}",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("bidswarm").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.run_name == (
+        f"sweep run_dir={finished_run} coordination=auction,round_robin max_seeds=2 "
+        f"runs_per_seed=1 logger.tracking_uri={uri}"
+    )
+    assert parent.info.status == "FINISHED"
+    assert parent.info.end_time >= max(c.info.end_time for c in children)
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        rule = child.data.params["coordination.name"]
+        arm = next(
+            k for k in parent.data.metrics if k.endswith("/heldout_reward/mean") and rule in k
+        )
+        assert parent.data.metrics[arm] == pytest.approx(child.data.metrics["eval/reward/mean"])
+    assert "sweep parent run:" in result.stdout

@@ -252,3 +252,25 @@ def test_a_sweep_whose_job_fails_ends_its_parent_failed(tmp_path):
     _, _, parents, _ = runs_of(uri)
     assert [p.info.status for p in parents] == ["FAILED"]
     assert parents[0].info.run_name == "sweep debug=smoke rl.envs_per_update=0"
+
+
+def test_a_sweep_parent_names_its_folders_short(tmp_path):
+    runs = [tmp_path / "multirun" / name for name in ("0_seed=0,ablation=none", "1_seed=1")]
+    for run in runs:
+        run.mkdir(parents=True)
+    quoted = ",".join(f"'{run}'" for run in runs)
+    assert (
+        tracking.sweep_run_name(
+            ["experiment=table2", f"run_dir={quoted}", "coordination=auction,agentnet"], tmp_path
+        )
+        == "sweep experiment=table2 run_dir=<2 folders in multirun> coordination=auction,agentnet"
+    )
+    # one folder inside the working directory: relative; outside it, or not a folder: as given
+    assert tracking.sweep_run_name([f"run_dir='{runs[0]}'"], tmp_path) == (
+        "sweep run_dir=multirun/0_seed=0,ablation=none"
+    )
+    assert tracking.sweep_run_name([f"run_dir='{runs[1]}'"], tmp_path / "elsewhere") == (
+        f"sweep run_dir={runs[1]}"
+    )
+    uri = f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db"
+    assert tracking.sweep_run_name([uri, "seed=0,1"], tmp_path) == f"sweep {uri} seed=0,1"

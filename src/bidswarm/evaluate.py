@@ -23,6 +23,7 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from bidswarm import console, tracking
@@ -40,6 +41,7 @@ from bidswarm.envs.base import MONOLITHIC
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.run.build import build_rollout_loop
+from bidswarm.run.threads import threads_per_job
 
 CHECKPOINTS = ("final", "sft")
 """Populations every finished training run folder holds (after RL, after the cold start)."""
@@ -240,7 +242,11 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], world_files: list[
         "bidswarm.source_run_dir": str(run_dir),
         "bidswarm.bids_from": cfg.bids_from,
         "bidswarm.actions_from": cfg.actions_from,
+        tracking.OVERRIDES_TAG: tracking.hydra_overrides(),
     }
+    commit = tracking.code_commit()
+    if commit is not None:
+        tags[tracking.COMMIT_TAG] = commit
     source = source_run_id(run_dir)
     if source is not None:
         tags["bidswarm.source_run"] = source
@@ -311,8 +317,9 @@ def main(cfg: DictConfig) -> float:
     console.configure(cfg.verbose)
     cfg = resolve_from_run(cfg)
     validate_evaluation(cfg)
-    if cfg.model.torch_threads:
-        torch.set_num_threads(cfg.model.torch_threads)
+    threads = cfg.model.torch_threads or threads_per_job(HydraConfig.get())
+    if threads:
+        torch.set_num_threads(threads)
     return run_evaluation(cfg)["reward/mean"]
 
 

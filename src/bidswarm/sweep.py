@@ -20,6 +20,7 @@ from bidswarm.tracking import (
     SWEEP_TAG,
     experiment_id,
     run_url,
+    sweep_run_name,
     tracking_uri,
 )
 
@@ -48,7 +49,7 @@ class SweepParent(Callback):
         overrides = " ".join(config.hydra.overrides.task)
         run = client.create_run(
             experiment_id(client, config.logger.experiment_name),
-            run_name=f"sweep {overrides}".strip(),
+            run_name=sweep_run_name(config.hydra.overrides.task),
             tags={SWEEP_TAG: sweep_dir, OVERRIDES_TAG: overrides},
         )
         self.parent = run.info.run_id

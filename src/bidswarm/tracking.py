@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
 SWEEP_TAG = "bidswarm.sweep_dir"
 OVERRIDES_TAG = "bidswarm.overrides"
+COMMIT_TAG = "bidswarm.git_commit"
+"""The commit a run's code was at (:func:`code_commit`); reports name it."""
 PARENT_ENV = "BIDSWARM_SWEEP_PARENT"
 """The sweep parent's run id, set by ``bidswarm.sweep.SweepParent`` for the jobs the launcher
 starts."""
@@ -158,11 +161,67 @@ def hydra_overrides() -> str:
     return " ".join(HydraConfig.get().overrides.task) if HydraConfig.initialized() else ""
 
 
+def code_commit() -> str | None:
+    """The git commit of the code this process runs (``-dirty`` appended when tracked files
+    differ from it), or None outside a git checkout (an installed package)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, timeout=20
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return None
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return commit + ("-dirty" if changed else "")
+
+
 def run_name() -> str:
     """The run's name: its Hydra overrides (``coordination=round_robin,seed=1``) or ``default``."""
     if not HydraConfig.initialized():
         return "default"
     return HydraConfig.get().job.override_dirname or "default"
+
+
+def sweep_run_name(overrides: list[str], cwd: Path | None = None) -> str:
+    """A sweep parent's name: ``sweep`` and the sweep's overrides, values as given, except
+    existing folders: one is written relative to ``cwd`` (the working directory) when inside
+    it, and a key swept over several folders (an evaluation sweep's ``run_dir``) becomes
+    ``run_dir=<5 folders in outputs/multirun/...>``, so the name says what ran, not every
+    absolute path."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    cwd = (cwd or Path.cwd()).resolve()
+    parts = []
+    for text, override in zip(
+        overrides, OverridesParser.create().parse_overrides(overrides), strict=True
+    ):
+        value = override.value()
+        values = [
+            getattr(v, "text", v) for v in (value.list if hasattr(value, "list") else [value])
+        ]
+        folders = [Path(v) for v in values if isinstance(v, str) and Path(v).is_dir()]
+        if not folders or len(folders) != len(values):
+            parts.append(text)
+            continue
+        shown = [_relative(folder, cwd) for folder in folders]
+        if len(shown) == 1:
+            parts.append(f"{override.get_key_element()}={shown[0]}")
+        else:
+            common = _relative(Path(os.path.commonpath([f.resolve() for f in folders])), cwd)
+            parts.append(f"{override.get_key_element()}=<{len(shown)} folders in {common}>")
+    return " ".join(["sweep", *parts])
+
+
+def _relative(folder: Path, cwd: Path) -> str:
+    resolved = folder.resolve()
+    return str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(folder)
 
 
 def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
@@ -190,8 +249,7 @@ def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
         )
         if found:
             return found[0].info.run_id
-        overrides = HydraConfig.get().overrides.task
-        name = "sweep " + " ".join(o for o in overrides) if overrides else "sweep"
+        name = sweep_run_name(list(HydraConfig.get().overrides.task))
         run = client.create_run(experiment, run_name=name, tags={SWEEP_TAG: sweep_dir})
     del mlflow
     return run.info.run_id
