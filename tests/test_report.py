@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from bidswarm import statistics
-from bidswarm.report import command, figures, reading, strategies, tables
+from bidswarm import statistics, tracking
+from bidswarm.report import command, figures, provenance, reading, strategies, tables
 from conftest import ROOT, sweep_command
 
 
@@ -384,10 +384,53 @@ def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
         and "| 2 |" in shown.stdout
     )
     assert (out / "reward_vs_flops.png").exists() and (out / "participation.png").exists()
+    # The report starts with the one command that makes both runs again, and their commit.
+    remake = (
+        "python -m bidswarm.train -m debug=smoke seed=0,1 task.max_decisions=8 "
+        "task.n_heldout_seeds=2 sft.demo_episodes=2"
+    )
+    commit = tracking.code_commit()
+    assert shown.stdout.index(remake) < shown.stdout.index("| strategy |")
+    assert commit is None or f"Reproduce at `{commit[:7]}" in shown.stdout
     # Each run logged its per-world pass@k after SFT and after RL: the gain is paired on cells.
     success = shown.stdout[shown.stdout.index("Task success and pass@k on the held-out") :]
     row = next(line for line in success.splitlines() if line.startswith("| debug=smoke"))
     assert row.endswith("| 2 |") and "²" not in row and " .. " in row
+
+
+def test_the_command_of_an_evaluation_sweep_counts_its_folders_and_quotes_values(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("x")
+    for folder, rule in (
+        ("0_seed=0,a=b", "auction"),
+        ("1_seed=1", "auction"),
+        ("0_seed=0,a=b", "agentnet"),
+    ):
+        tags = {
+            reading.KIND_TAG: "evaluate",
+            tracking.OVERRIDES_TAG: (
+                f"experiment=table2 run_dir='/r/multirun/{folder}' coordination={rule}"
+            ),
+            tracking.COMMIT_TAG: "0123456789abcdef-dirty",
+        }
+        client.create_run(experiment, tags=tags)
+    runs = client.search_runs([experiment])
+    assert provenance.sweep_command(runs) == (
+        "python -m bidswarm.evaluate -m experiment=table2 "
+        "run_dir=<the 2 run folders in /r/multirun> coordination=auction,agentnet"
+    )
+    assert provenance.commits(runs) == ["0123456-dirty"]
+    client.create_run(experiment)  # a run from before the tags: counted, not guessed
+    text = provenance.provenance(client.search_runs([experiment]))
+    assert text.startswith("Reproduce at `0123456-dirty` (1 of 4 runs recorded no command)")
+    # one folder is named, quoted as Hydra needs it (its name holds '=' and ',')
+    single = [r for r in runs if "0_seed=0,a=b" in r.data.tags[tracking.OVERRIDES_TAG]]
+    assert provenance.sweep_command(single) == (
+        "python -m bidswarm.evaluate -m experiment=table2 run_dir='/r/multirun/0_seed=0,a=b' "
+        "coordination=auction,agentnet"
+    )
 
 
 def test_rl_gain_and_participation_shift_per_strategy():

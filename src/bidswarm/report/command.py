@@ -30,6 +30,7 @@ from bidswarm.report.figures import (
     plot_reward_vs_flops_per_strategy,
     plot_winning_bids,
 )
+from bidswarm.report.provenance import provenance
 from bidswarm.report.reading import (
     DEFAULT_STRATEGY,
     KIND_TAG,
@@ -71,7 +72,12 @@ def write_report(
     rows = strategy_rows(groups)
     out.mkdir(parents=True, exist_ok=True)
     source = f"sweep parent run `{parent}`" if parent else f"experiment `{experiment}`"
-    sections = [f"# Strategy comparison ({source})", markdown_table(rows), verdict(rows)]
+    sections = [
+        f"# Strategy comparison ({source})",
+        provenance(runs),
+        markdown_table(rows),
+        verdict(rows),
+    ]
     if len(rows) > 1:
         reference = reference_strategy(rows, reference)
         sections.append(difference_table(paired_differences(rows, reference), reference))

@@ -95,6 +95,9 @@ def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
         "bidswarm.run_dir": str(run_dir.resolve()),
         tracking.OVERRIDES_TAG: tracking.hydra_overrides(),
     }
+    commit = tracking.code_commit()
+    if commit is not None:
+        tags[tracking.COMMIT_TAG] = commit
     parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name) if run_id is None else None
     if parent is not None:
         tags["mlflow.parentRunId"] = parent

@@ -1,0 +1,97 @@
+"""Where a report's runs came from: the one command that makes them all again and the commits
+their code was at (the tags every training and evaluation run records,
+``bidswarm.tracking.OVERRIDES_TAG`` and ``COMMIT_TAG``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow.entities import Run
+
+from bidswarm import tracking
+from bidswarm.report.reading import KIND_TAG
+
+FOLDER_KEYS = ("run_dir",)
+"""Overrides whose values are one machine's folders: a command shows how many, not which."""
+
+
+def _quoted(value: str) -> str:
+    return f"'{value}'" if any(c in value for c in ",= ") else value
+
+
+def sweep_command(runs: list[Run]) -> str | None:
+    """``python -m bidswarm.train -m k=v1,v2 ...``: every override the runs were started with,
+    each key once with its values in the order the runs first used them, so that one sweep
+    remakes every run (seeds and arms that ran as separate sweeps included). Evaluation runs
+    give ``python -m bidswarm.evaluate -m``; folders (``run_dir``) are counted, not listed.
+    None when no run recorded its overrides."""
+    recorded = [r for r in runs if tracking.OVERRIDES_TAG in r.data.tags]
+    if not recorded:
+        return None
+    values: dict[str, list[str]] = {}
+    for run in sorted(recorded, key=lambda r: r.info.start_time or 0):
+        for part in _split(run.data.tags[tracking.OVERRIDES_TAG]):
+            key, _, value = part.partition("=")
+            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            known = values.setdefault(key, [])
+            if value not in known:
+                known.append(value)
+    parts = []
+    for key, known in values.items():
+        if key in FOLDER_KEYS and len(known) > 1:
+            common = os.path.commonpath([str(Path(v)) for v in known])
+            parts.append(f"{key}=<the {len(known)} run folders in {common}>")
+        else:
+            parts.append(f"{key}=" + ",".join(_quoted(v) for v in known))
+    kinds = {r.data.tags.get(KIND_TAG) for r in recorded}
+    entry = "bidswarm.evaluate" if kinds == {"evaluate"} else "bidswarm.train"
+    return " ".join(["python -m", entry, "-m", *parts])
+
+
+def _split(overrides: str) -> list[str]:
+    """Hydra's overrides as the runs recorded them (space-separated; quoted values may hold
+    spaces)."""
+    parts, current, quote = [], "", None
+    for char in overrides:
+        if quote is None and char == " ":
+            if current:
+                parts.append(current)
+            current = ""
+            continue
+        if char in "'\"":
+            quote = None if quote == char else (char if quote is None else quote)
+        current += char
+    if current:
+        parts.append(current)
+    return [p for p in parts if "=" in p]
+
+
+def commits(runs: list[Run]) -> list[str]:
+    """The short commits the runs' code was at, in first-use order (``-dirty``: with
+    uncommitted changes)."""
+    seen: list[str] = []
+    for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+        commit = run.data.tags.get(tracking.COMMIT_TAG)
+        if commit:
+            short = commit.removesuffix("-dirty")[:7] + commit[len(commit.removesuffix("-dirty")) :]
+            if short not in seen:
+                seen.append(short)
+    return seen
+
+
+def provenance(runs: list[Run]) -> str:
+    """The report's first lines: the command, and the commit(s) it ran at."""
+    command = sweep_command(runs)
+    found = commits(runs)
+    at = (
+        "at " + ", ".join(f"`{c}`" for c in found)
+        if found
+        else "at a commit the runs did not record"
+    )
+    if command is None:
+        return f"Runs {at}; their command line was not recorded."
+    unrecorded = sum(tracking.OVERRIDES_TAG not in r.data.tags for r in runs)
+    tail = f" ({unrecorded} of {len(runs)} runs recorded no command)" if unrecorded else ""
+    return f"Reproduce {at}{tail}:\n\n```bash\n{command}\n```"
