@@ -12,6 +12,7 @@ import pytest
 
 from canary import OVERRIDES
 from conftest import ROOT
+from test_check_readme import load_script as load_check_readme
 
 TASKS = {"crafting": []}
 """Task -> the overrides that pick it (crafting is the default task)."""
@@ -37,3 +38,6 @@ def test_the_canary_sizes_earn_training_reward_and_print_it(task, tmp_path):
     rewards = [float(v) for v in re.findall(r"(-?\d+\.\d+)", line.split(":", 1)[1])]
     assert len(rewards) == 3  # 2 action updates, 1 bid update
     assert max(rewards) > 0.0, line
+    # scripts/check_readme.py reads the README's headline figures from these same lines
+    printed = load_check_readme().printed_headline(result.stdout)
+    assert printed.ci_low <= printed.difference <= printed.ci_high
