@@ -559,7 +559,13 @@ def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
     gains = {0: 4.0, 1: 6.0, 2: 5.0, 3: 9.0}
     after = {w: before[w] + gains[w] for w in before}
     # Two bid updates: 8 of 10 forks tied, then 6 of 20; 1.5 and 12.5 effective pairs.
-    log_evaluated_run(client, experiment_id, "seed=1", before, after, [(10, 8, 1.5), (20, 6, 12.5)])
+    run = log_evaluated_run(
+        client, experiment_id, "seed=1", before, after, [(10, 8, 1.5), (20, 6, 12.5)]
+    )
+    # Untied paper pairs 20% then 70%; one control measured, half of it untied.
+    for update, untied in enumerate((0.2, 0.7)):
+        client.log_metric(run, "forks/untied", untied, step=5 * update + 4)
+    client.log_metric(run, "forks/control_untied", 0.5, step=4)
     log_evaluated_run(client, experiment_id, "rl.fork_budget=0,seed=0", before, before)
     results = [reading.read_run(client, run) for run in reading.find_runs(client, None, "long")]
     table = tables.run_table(reading.group_by_strategy(results))
@@ -568,10 +574,10 @@ def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
     assert "participation % logger/smith |" in table
     assert (
         f"| {reading.DEFAULT_STRATEGY} | 1 | 25.0 | 31.0 | +6.0 | {gain.ci_low:+.1f} .. "
-        f"{gain.ci_high:+.1f} | 0% → 25% | 10/90 → 30/70 | 55% | 7.0 |"
+        f"{gain.ci_high:+.1f} | 0% → 25% | 10/90 → 30/70 | 55% | 7.0 | 45% / 50% |"
     ) in table
     assert "| rl.fork_budget=0 | 0 | 25.0 | 25.0 | +0.0 | +0.0 .. +0.0 | 0% → 25% " in table
-    assert table.splitlines()[-1].endswith("| – | – |")
+    assert table.splitlines()[-1].endswith("| – | – | – |")
     # The report holds it; a run scored only after RL has no row, and no such run no table.
     text = command.write_report(client, None, "long", tmp_path / "report")
     assert table in text

@@ -54,9 +54,16 @@ KIND_TAG = "bidswarm.kind"
 REPORT_KIND = "report"
 """Runs tagged ``bidswarm.kind=report`` hold a report's markdown and figures, no result."""
 
-FORK_CURVES = ("forks/resampled_below", "forks/tied", "forks/effective_pairs")
+FORK_CURVES = (
+    "forks/resampled_below",
+    "forks/tied",
+    "forks/effective_pairs",
+    "forks/untied",
+    "forks/control_untied",
+)
 """The fork funnel's metrics a training run logs at each bid update (``ForkStats``) that the
-per-run table reads: forks played, forks tied, effective pairs."""
+per-run table reads: forks played, forks tied, effective pairs, and the untied share of the
+paper's pairs against that of the control branches (label noise, docs/forks.md)."""
 
 OUTCOMES = ("agents", "task/success", "flops_per_decision")
 """Evaluation metrics besides the reward that the outcome table shows (with ``pass@<k>/mean``)."""

@@ -193,8 +193,9 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
     """Markdown: one row per training run evaluated on the held-out worlds before and after RL
     (by strategy, then training seed): both rewards, RL − SFT with its 95% t interval over the
     worlds, task success, participation per role, and its bid updates' forks (the share of the
-    forks played that tied, :func:`forks_tied`, and the effective pairs per bid update,
-    :func:`effective_pairs`); empty when no run measured both."""
+    forks played that tied, :func:`forks_tied`, the effective pairs per bid update and the
+    untied share of the paper's pairs against the control branches', each the mean over the
+    bid updates that logged it, :func:`curve_mean`); empty when no run measured both."""
     measured = [
         (strategy, r)
         for strategy, results in groups.items()
@@ -210,12 +211,15 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
         "Per training run: held-out reward after SFT and after RL on the same worlds, RL − SFT "
         "with its 95% t interval over those worlds (one run: training-seed variation is not in "
         "it), task success, participation (share of acting steps per role), and the forks of "
-        "its bid updates: the share of the forks played that tied and the effective number of "
-        "weighted pairs, each averaged over the run's bid updates (– : no bid update).",
+        "its bid updates: the share of the forks played that tied, the effective number of "
+        "weighted pairs, and the untied share of the paper's pairs against that of the control "
+        "branches (the recorded winner acting again: how often noise alone decides a pair), "
+        "each averaged over the run's bid updates (– : none measured).",
         "",
         f"| strategy | seed | after SFT | after RL | RL − SFT | 95% CI (over worlds) | task "
-        f"success | {participation} | forks tied | effective pairs / bid update |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"success | {participation} | forks tied | effective pairs / bid update "
+        "| untied paper / control |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     order = {name: i for i, name in enumerate(groups)}
     measured.sort(key=lambda item: (order[item[0]], str(item[1].training_seed)))
@@ -225,14 +229,16 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
         shown_success = (
             f"{100 * success[0]:.0f}% → {100 * success[1]:.0f}%" if None not in success else ""
         )
-        tied, pairs = forks_tied(r), effective_pairs(r)
+        tied, pairs = forks_tied(r), curve_mean(r, "forks/effective_pairs")
+        untied = [curve_mean(r, f"forks/{k}") for k in ("untied", "control_untied")]
+        shown_untied = "–" if None in untied else f"{100 * untied[0]:.0f}% / {100 * untied[1]:.0f}%"
         seed = "–" if r.training_seed is None else str(r.training_seed)
         lines.append(
             f"| {strategy} | {seed} | {r.heldout_curve['before'][1]:.1f} | {r.heldout_mean:.1f} "
             f"| {d.mean:+.1f} | {d.ci_low:+.1f} .. {d.ci_high:+.1f} | {shown_success} "
             f"| {run_participation(r, shared_roles)} "
             f"| {'–' if tied is None else f'{100 * tied:.0f}%'} "
-            f"| {'–' if pairs is None else f'{pairs:.1f}'} |"
+            f"| {'–' if pairs is None else f'{pairs:.1f}'} | {shown_untied} |"
         )
     return "\n".join(lines)
 
@@ -260,11 +266,11 @@ def forks_tied(result: RunResult) -> float | None:
     return sum(shares) / len(shares) if shares else None
 
 
-def effective_pairs(result: RunResult) -> float | None:
-    """Mean over the run's bid updates of ``forks/effective_pairs`` (Kish's effective number
-    of weighted pairs); None without a bid update."""
-    pairs = result.curves.get("forks/effective_pairs", [])
-    return sum(pairs) / len(pairs) if pairs else None
+def curve_mean(result: RunResult, key: str) -> float | None:
+    """Mean over the run's bid updates that logged ``key`` (``forks/effective_pairs``: Kish's
+    effective number of weighted pairs; ``forks/untied``); None where none did."""
+    values = result.curves.get(key, [])
+    return sum(values) / len(values) if values else None
 
 
 def success_gain_table(groups: dict[str, list[RunResult]]) -> str:
