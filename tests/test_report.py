@@ -419,7 +419,7 @@ def test_the_command_of_an_evaluation_sweep_counts_its_folders_and_quotes_values
     runs = client.search_runs([experiment])
     assert provenance.sweep_command(runs) == (
         "python -m bidswarm.evaluate -m experiment=table2 "
-        "run_dir=<the 2 run folders in /r/multirun> coordination=auction,agentnet"
+        "run_dir=<2 folders in /r/multirun> coordination=auction,agentnet"
     )
     assert provenance.commits(runs) == ["0123456-dirty"]
     client.create_run(experiment)  # a run from before the tags: counted, not guessed

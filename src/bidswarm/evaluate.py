@@ -242,11 +242,8 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], world_files: list[
         "bidswarm.source_run_dir": str(run_dir),
         "bidswarm.bids_from": cfg.bids_from,
         "bidswarm.actions_from": cfg.actions_from,
-        tracking.OVERRIDES_TAG: tracking.hydra_overrides(),
+        **tracking.provenance_tags(),
     }
-    commit = tracking.code_commit()
-    if commit is not None:
-        tags[tracking.COMMIT_TAG] = commit
     source = source_run_id(run_dir)
     if source is not None:
         tags["bidswarm.source_run"] = source

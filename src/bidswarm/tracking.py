@@ -211,12 +211,25 @@ def sweep_run_name(overrides: list[str], cwd: Path | None = None) -> str:
             parts.append(text)
             continue
         shown = [_relative(folder, cwd) for folder in folders]
-        if len(shown) == 1:
-            parts.append(f"{override.get_key_element()}={shown[0]}")
-        else:
-            common = _relative(Path(os.path.commonpath([f.resolve() for f in folders])), cwd)
-            parts.append(f"{override.get_key_element()}=<{len(shown)} folders in {common}>")
+        label = shown[0] if len(shown) == 1 else folders_label(shown)
+        parts.append(f"{override.get_key_element()}={label}")
     return " ".join(["sweep", *parts])
+
+
+def folders_label(folders: list[str]) -> str:
+    """``<5 folders in outputs/multirun/...>``: several folders, counted, under their common
+    parent (a sweep parent's name, a report's command)."""
+    try:
+        return f"<{len(folders)} folders in {os.path.commonpath(folders)}>"
+    except ValueError:  # relative and absolute ones, or on different drives
+        return f"<{len(folders)} folders>"
+
+
+def provenance_tags() -> dict[str, str]:
+    """The tags every training and evaluation run records: its Hydra overrides and, in a git
+    checkout, the commit of its code (:func:`code_commit`)."""
+    commit = code_commit()
+    return {OVERRIDES_TAG: hydra_overrides()} | ({COMMIT_TAG: commit} if commit else {})
 
 
 def _relative(folder: Path, cwd: Path) -> str:

@@ -4,9 +4,6 @@ their code was at (the tags every training and evaluation run records,
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from mlflow.entities import Run
 
 from bidswarm import tracking
@@ -41,8 +38,7 @@ def sweep_command(runs: list[Run]) -> str | None:
     parts = []
     for key, known in values.items():
         if key in FOLDER_KEYS and len(known) > 1:
-            common = os.path.commonpath([str(Path(v)) for v in known])
-            parts.append(f"{key}=<the {len(known)} run folders in {common}>")
+            parts.append(f"{key}={tracking.folders_label(known)}")
         else:
             parts.append(f"{key}=" + ",".join(_quoted(v) for v in known))
     kinds = {r.data.tags.get(KIND_TAG) for r in recorded}
@@ -75,7 +71,8 @@ def commits(runs: list[Run]) -> list[str]:
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         commit = run.data.tags.get(tracking.COMMIT_TAG)
         if commit:
-            short = commit.removesuffix("-dirty")[:7] + commit[len(commit.removesuffix("-dirty")) :]
+            sha = commit.removesuffix("-dirty")
+            short = sha[:7] + commit[len(sha) :]  # keeps "-dirty"
             if short not in seen:
                 seen.append(short)
     return seen

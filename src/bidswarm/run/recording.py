@@ -93,11 +93,8 @@ def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
     uri = tracking.tracking_uri(cfg.logger.tracking_uri)
     tags = {
         "bidswarm.run_dir": str(run_dir.resolve()),
-        tracking.OVERRIDES_TAG: tracking.hydra_overrides(),
+        **tracking.provenance_tags(),
     }
-    commit = tracking.code_commit()
-    if commit is not None:
-        tags[tracking.COMMIT_TAG] = commit
     parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name) if run_id is None else None
     if parent is not None:
         tags["mlflow.parentRunId"] = parent
