@@ -152,6 +152,10 @@ def test_evaluation_logs_mean_and_se_tagged_with_the_source_run(
     metrics = run_evaluation(cfg)
     assert metrics["episodes"] == 4.0 and metrics["seeds"] == 2.0 and metrics["worlds"] == 2.0
     assert metrics["reward/se"] >= 0.0 and metrics["flops/rollout"] > 0
+    # the per-step cost: every decision's tokens and FLOPs, and a wall clock that moved
+    decisions = metrics["flops/rollout"] / metrics["flops_per_decision"]
+    assert metrics["tokens_per_decision"] * decisions == pytest.approx(metrics["tokens/rollout"])
+    assert metrics["seconds_per_decision"] > 0.0
     assert metrics["reward/ci_low"] <= metrics["reward/mean"] <= metrics["reward/ci_high"]
     saved = json.loads((tmp_path / "eval" / "evaluation.json").read_text())
     assert saved == pytest.approx(metrics)

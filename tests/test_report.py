@@ -707,6 +707,23 @@ def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_w
     assert table[-1].split(" | ")[5] == expected
 
 
+def test_the_outcome_table_shows_each_rules_cost_per_decision_over_the_runs_that_logged_it():
+    def evaluation(seed: int, cost: dict[str, float]) -> reading.RunResult:
+        outcomes = {"agents": 3.0, "task/success": 0.1, **cost}
+        return reading.RunResult(
+            f"r{seed}", "coordination=agentnet", None, None, None, seed, outcomes=outcomes
+        )
+
+    costs = {"flops_per_decision": 2e7, "tokens_per_decision": 300.0, "seconds_per_decision": 0.5}
+    older = {"flops_per_decision": 4e7}  # an evaluation from before tokens and wall were logged
+    table = tables.outcome_table(
+        {"coordination=agentnet": [evaluation(0, costs), evaluation(1, older)]}
+    )
+    header, row = table.splitlines()[2], table.splitlines()[-1]
+    assert header.endswith("| FLOPs/decision | tokens/decision | s/decision | runs |")
+    assert row.endswith("| 3e+07 | 300 | 0.5 | 2 |")
+
+
 def test_long_panel_titles_wrap_at_commas():
     title = "eval.max_seeds=16,experiment=tables,logger.experiment_name=participation,rl.cycles=8"
     lines = figures.wrapped(title, width=40).split("\n")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,18 +274,23 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     env = loop.make_env()
     seeds = env.heldout_seeds()[: cfg.max_seeds]
     runs = max(cfg.runs_per_seed, cfg.pass_k or 0)
+    started = time.perf_counter()
     try:
         evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size)
     finally:
         loop.swarm.engine.close()
-    decisions = sum(len(e.steps) for e in evaluation.episodes)
+    wall = time.perf_counter() - started
+    decisions = max(sum(len(e.steps) for e in evaluation.episodes), 1)
     metrics = (
         evaluation.metrics
         | {
             "seeds": float(len(seeds)),
             "runs_per_seed": float(runs),
             "agents": float(loop.swarm.n_agents),
-            "flops_per_decision": evaluation.usage.rollout_flops / max(decisions, 1),
+            # a rule's per-step cost (Table 2): the wall clock's depends on the machine's load
+            "flops_per_decision": evaluation.usage.rollout_flops / decisions,
+            "tokens_per_decision": evaluation.usage.rollout_tokens / decisions,
+            "seconds_per_decision": wall / decisions,
         }
         | evaluation.usage.as_metrics()
     )

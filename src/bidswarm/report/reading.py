@@ -65,8 +65,15 @@ FORK_CURVES = (
 per-run table reads: forks played, forks tied, effective pairs, and the untied share of the
 paper's pairs against that of the control branches (label noise, docs/forks.md)."""
 
-OUTCOMES = ("agents", "task/success", "flops_per_decision")
-"""Evaluation metrics besides the reward that the outcome table shows (with ``pass@<k>/mean``)."""
+OUTCOMES = (
+    "agents",
+    "task/success",
+    "flops_per_decision",
+    "tokens_per_decision",
+    "seconds_per_decision",
+)
+"""Evaluation metrics besides the reward that the outcome table shows (with ``pass@<k>/mean``):
+agents, success, and the per-step cost of the rule."""
 
 
 @dataclass

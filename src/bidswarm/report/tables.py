@@ -500,13 +500,15 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
     header += [f"pass@{ks[-1]} 95% CI"] if ks else []
     paired = bool(ks) and reference in rows
     header += [f"pass@{ks[-1]} − {reference} (95% CI)"] if paired else []
-    header += ["FLOPs/decision", "runs"]
+    header += ["FLOPs/decision", "tokens/decision", "s/decision", "runs"]
     lines = [
         "Task success and pass@k per strategy (unbiased estimator per held-out world from its "
         "runs, mean over worlds per training run; here mean ± SE over the training runs), the "
         "highest pass@k's 95% CI by the two-way random-effects analysis of training seeds x "
         "worlds (kept within 0% .. 100%; cells all 0% give 0% .. 0%), and the evaluation's "
-        "FLOPs per decision (bids and actions of every agent).",
+        "cost per decision (bids and actions of every agent): FLOPs, generated and prompt "
+        "tokens, and wall-clock seconds (mean over the runs that logged it; it depends on the "
+        "machine's load).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -525,8 +527,9 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
             cells.append(pass_interval(results, ks[-1]))
         if paired:
             cells.append(pass_difference(results, rows[reference], ks[-1]))
-        flops = [o["flops_per_decision"] for o in outcomes if "flops_per_decision" in o]
-        cells.append(f"{sum(flops) / len(flops):.3g}" if flops else "")
+        for cost in ("flops_per_decision", "tokens_per_decision", "seconds_per_decision"):
+            values = [o[cost] for o in outcomes if cost in o]
+            cells.append(f"{sum(values) / len(values):.3g}" if values else "")
         cells.append(str(len(outcomes)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
