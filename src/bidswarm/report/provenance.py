@@ -4,6 +4,8 @@ their code was at (the tags every training and evaluation run records,
 
 from __future__ import annotations
 
+import shlex
+
 from mlflow.entities import Run
 
 from bidswarm import tracking
@@ -30,8 +32,6 @@ def sweep_command(runs: list[Run]) -> str | None:
     for run in sorted(recorded, key=lambda r: r.info.start_time or 0):
         for part in _split(run.data.tags[tracking.OVERRIDES_TAG]):
             key, _, value = part.partition("=")
-            if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
-                value = value[1:-1]
             known = values.setdefault(key, [])
             if value not in known:
                 known.append(value)
@@ -47,20 +47,12 @@ def sweep_command(runs: list[Run]) -> str | None:
 
 
 def _split(overrides: str) -> list[str]:
-    """Hydra's overrides as the runs recorded them (space-separated; quoted values may hold
-    spaces)."""
-    parts, current, quote = [], "", None
-    for char in overrides:
-        if quote is None and char == " ":
-            if current:
-                parts.append(current)
-            current = ""
-            continue
-        if char in "'\"":
-            quote = None if quote == char else (char if quote is None else quote)
-        current += char
-    if current:
-        parts.append(current)
+    """Hydra's overrides as the runs recorded them, space-separated, quotes removed (a quoted
+    value may hold spaces, ``=`` and ``,``)."""
+    try:
+        parts = shlex.split(overrides)
+    except ValueError:  # an unbalanced quote: split on spaces
+        parts = overrides.split()
     return [p for p in parts if "=" in p]
 
 
