@@ -23,13 +23,14 @@ from bidswarm.coordination.agentnet import (
     token_overlap,
 )
 from bidswarm.coordination.auction import Auction
-from bidswarm.coordination.base import Decision, Situation
+from bidswarm.coordination.base import Decision, Situation, peer_scores
 from bidswarm.coordination.fixed import Monolithic, RoundRobin
-from bidswarm.coordination.graph_of_agents import GraphOfAgents, best_proposal, peer_scores
+from bidswarm.coordination.graph_of_agents import GraphOfAgents, best_proposal
 from bidswarm.envs import make_env
-from bidswarm.envs.base import MONOLITHIC
+from bidswarm.envs.base import MONOLITHIC, role_name
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.metrics import PEER_SCORE_NEAR_TIE, episode_metrics
 from bidswarm.rollout.records import Episode
 from bidswarm.rollout.swarm import Swarm
 from conftest import CONF, hf_engine
@@ -286,7 +287,40 @@ def test_graph_of_agents_plays_whole_episodes_with_one_or_many_agents():
             for step in episode.steps:
                 assert step.actor is not None and step.action.agent == step.actor
                 assert step.decision.winning_bid == 0.0 and not step.contested
+                # the step keeps what the rule read: the actor's proposal scored highest
+                scores = step.proposal_scores
+                assert sorted(scores) == list(range(swarm.n_agents))
+                assert scores[step.actor] == max(scores.values())
         assert swarm.usage.bids_made == 0
+        roles = [swarm.role(a) for a in range(swarm.n_agents)]
+        metrics = episode_metrics(episodes, roles, LEVELS)
+        steps = [s for e in episodes for s in e.steps]
+        for role in {role_name(r) for r in roles}:
+            got = [
+                v
+                for s in steps
+                for a, v in s.proposal_scores.items()
+                if role_name(roles[a]) == role
+            ]
+            assert metrics[f"peer_scores/received/{role}"] == pytest.approx(sum(got) / len(got))
+        if monolithic:  # a lone agent: nothing to compare
+            assert "peer_scores/margin" not in metrics
+        else:
+            gaps = [
+                (lambda v: v[0] - v[1])(sorted(s.proposal_scores.values(), reverse=True))
+                for s in steps
+            ]
+            assert metrics["peer_scores/margin"] == pytest.approx(sum(gaps) / len(gaps))
+            assert metrics["peer_scores/margin"] >= 0.0
+            near = sum(g < PEER_SCORE_NEAR_TIE for g in gaps) / len(gaps)
+            assert metrics["peer_scores/near_tie"] == pytest.approx(near)
+    bidders = build_swarm()
+    played = RolloutLoop(lambda: make_env(task()), bidders, Auction()).run(
+        [0], random.Random(0), seeded(0)
+    )
+    roles = [bidders.role(a) for a in range(bidders.n_agents)]
+    assert not any(s.proposal_scores for s in played[0].steps)
+    assert not any(k.startswith("peer_scores/") for k in episode_metrics(played, roles, LEVELS))
 
 
 def test_agentnet_that_never_keeps_and_has_no_memory_is_round_robin():

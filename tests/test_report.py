@@ -126,6 +126,48 @@ def test_cells_pair_strategies_by_training_seed_and_world():
     assert strategies.reference_strategy(without_default, None) == without_default[0].strategy
 
 
+def test_a_setting_as_reference_pairs_each_strategy_within_the_levels_of_the_others():
+    base = {10: 2.0, 11: 4.0, 12: 9.0}
+
+    def arm(labels: str, ablation: str, gain: float) -> list[reading.RunResult]:
+        name = f"labels={labels},ablation={ablation}"
+        return [
+            trained(name, seed, {w: r + gain + seed for w, r in base.items()}) for seed in (0, 1)
+        ]
+
+    runs = [
+        *arm("paper", "none", 3.0),
+        *arm("paper", "initial_bids", 1.0),
+        *arm("tie", "none", 10.0),
+        *arm("tie", "initial_bids", 2.0),
+        *arm("tie", "monolithic", 0.0),
+        trained("labels=other,ablation=none", 0, base),  # no initial_bids of its own
+    ]
+    rows = strategies.strategy_rows(reading.group_by_strategy(runs))
+    reference = strategies.reference_strategy(rows, "ablation=initial_bids")
+    differences = {d.strategy: d for d in strategies.paired_differences(rows, reference)}
+    assert set(differences) == {
+        "labels=paper,ablation=none",
+        "labels=tie,ablation=none",
+        "labels=tie,ablation=monolithic",
+    }
+    paper, tie = differences["labels=paper,ablation=none"], differences["labels=tie,ablation=none"]
+    assert paper.reference == "labels=paper,ablation=initial_bids"
+    assert paper.difference.mean == pytest.approx(2.0) and paper.difference.n == 6
+    assert tie.reference == "labels=tie,ablation=initial_bids"
+    assert tie.difference.mean == pytest.approx(8.0)
+    assert differences["labels=tie,ablation=monolithic"].difference.mean == pytest.approx(-2.0)
+    table = tables.difference_table(list(differences.values()), reference)
+    assert "the strategy that differs only in **ablation=initial_bids**" in table
+    assert "| labels=paper,ablation=none | labels=paper,ablation=initial_bids | +2.00 |" in table
+    # a strategy is still a reference of its own; a setting no strategy has is refused
+    assert {
+        d.reference for d in strategies.paired_differences(rows, "labels=other,ablation=none")
+    } == {"labels=other,ablation=none"}
+    with pytest.raises(SystemExit, match="nor a setting"):
+        strategies.reference_strategy(rows, "ablation=nothing")
+
+
 def log_training_run(client, experiment_id, name, rewards, parent=None, worlds=None):
     """A training run's metrics, and when ``worlds`` its per-world held-out rewards after RL."""
     tags = {"mlflow.parentRunId": parent} if parent else {}

@@ -41,6 +41,13 @@ constant or ``rl.warmup_updates`` > 0."""
 WINNING_BIDS = "bids/winning"
 """``bids/winning/<role>/<level>``: share of the role's acting steps won at that bid level;
 ``bids/winning/<role>/mean``: the role's mean winning bid (rules that record winning bids)."""
+PEER_SCORES = "peer_scores"
+"""[ours] What peer scoring sees (rules that ask for proposals, e.g. Graph-of-Agents):
+``peer_scores/received/<role>``, the mean score (mean token log-prob under the scorer's own
+action prompt) that the role's proposals got from the other present agents;
+``peer_scores/margin``, the mean gap between the best and the second-best proposal's mean peer
+score at a step; ``peer_scores/near_tie``, the share of steps with a gap under
+:data:`bidswarm.rollout.metrics.PEER_SCORE_NEAR_TIE` nats."""
 BID_PARSE_RATE = "bids/parse_rate"
 """[ours] Share of the bid replies the coordination rule read (every bidder's, at every step of
 the episodes) that parsed to a bid level; a malformed one bids 0. Per update and per held-out

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -36,6 +36,20 @@ class CoordinationConfig:
     bid_levels: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8])
     replicas: int = 1
     """Copies of each role in the population (population scaling)."""
+
+
+def peer_scores(
+    scores: Sequence[Sequence[float]], present: Sequence[int] | None = None
+) -> list[float]:
+    """Mean score of each present agent's proposal over the other present agents
+    (``scores[scorer][proposer]``), in the order of ``present`` (default: every agent).
+
+    A single agent has no peers: its own score stands.
+    """
+    agents = list(range(len(scores))) if present is None else list(present)
+    if len(agents) == 1:
+        return [scores[agents[0]][agents[0]]]
+    return [sum(scores[j][i] for j in agents if j != i) / (len(agents) - 1) for i in agents]
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,15 @@ class Situation:
     def present(self) -> list[int]:
         """The agents that may bid and act at this step, in index order."""
         return [agent for agent in range(self.n_agents) if agent not in self.absent]
+
+    @property
+    def proposal_scores(self) -> dict[int, float]:
+        """Each present agent's proposal -> its mean score by the other present agents
+        (:func:`peer_scores`), in index order; empty when the rule asked for no proposals."""
+        if not self.peer_scores:
+            return {}
+        present = self.present
+        return dict(zip(present, peer_scores(self.peer_scores, present), strict=True))
 
 
 @dataclass(frozen=True)

@@ -22,23 +22,8 @@ step records ``winning_bid`` 0 (and bucket-brigade credit becomes the per-step r
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
 from bidswarm.coordination.base import CoordinationRule, Decision, Situation, register
-
-
-def peer_scores(
-    scores: Sequence[Sequence[float]], present: Sequence[int] | None = None
-) -> list[float]:
-    """Mean score of each present agent's proposal over the other present agents
-    (``scores[scorer][proposer]``), in the order of ``present`` (default: every agent).
-
-    A single agent has no peers: its own score stands.
-    """
-    agents = list(range(len(scores))) if present is None else list(present)
-    if len(agents) == 1:
-        return [scores[agents[0]][agents[0]]]
-    return [sum(scores[j][i] for j in agents if j != i) / (len(agents) - 1) for i in agents]
 
 
 def best_proposal(values: list[float], rng: random.Random) -> int:
@@ -61,6 +46,6 @@ class GraphOfAgents(CoordinationRule):
             if not present:
                 decisions.append(Decision(actor=None))
                 continue
-            best = best_proposal(peer_scores(s.peer_scores, present), rng)
+            best = best_proposal(list(s.proposal_scores.values()), rng)
             decisions.append(Decision(actor=present[best]))
         return decisions

@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         "--reference",
         default=None,
         help=f"strategy the others are paired against (default: {DEFAULT_STRATEGY!r} when "
-        "present, else the best)",
+        "present, else the best), or one setting of strategies named by several "
+        "(ablation=initial_bids): each strategy is then paired with the one that differs from "
+        "it only in that setting",
     )
     parser.add_argument(
         "--results",

@@ -54,10 +54,12 @@ class StrategyRow:
 
 @dataclass
 class DifferenceRow:
-    """``strategy`` minus the reference, paired by (training seed, world); None: not paired."""
+    """``strategy`` minus ``reference``, paired by (training seed, world); None: not paired."""
 
     strategy: str
     difference: statistics.Difference | None
+    reference: str
+    """The strategy it is compared with (:func:`paired_with`)."""
 
 
 def seed_cluster(result: RunResult) -> object:
@@ -122,31 +124,71 @@ def strategy_rows(groups: dict[str, list[RunResult]]) -> list[StrategyRow]:
     return sorted(rows, key=lambda row: row.mean, reverse=True)
 
 
+def settings_of(strategy: str) -> list[str]:
+    """The ``key=value`` settings a strategy's name is made of (:func:`strategy_of`)."""
+    return strategy.split(",")
+
+
+def is_setting(reference: str, names: list[str]) -> bool:
+    """Whether ``reference`` is one setting of strategies named by several, not a strategy."""
+    return reference not in names and any(
+        reference in settings_of(name) and len(settings_of(name)) > 1 for name in names
+    )
+
+
 def reference_strategy(rows: list[StrategyRow], chosen: str | None) -> str:
-    """``chosen``, else the MPT defaults when present, else the best row."""
+    """``chosen`` (a strategy, or one setting of strategies named by several:
+    :func:`paired_with`), else the MPT defaults when present, else the best row."""
     names = [row.strategy for row in rows]
     if chosen is not None:
-        if chosen not in names:
-            raise SystemExit(f"--reference {chosen!r}: no such strategy; strategies: {names}")
+        if chosen not in names and not is_setting(chosen, names):
+            raise SystemExit(
+                f"--reference {chosen!r}: no such strategy, nor a setting of one; strategies: "
+                f"{names}"
+            )
         return chosen
     return DEFAULT_STRATEGY if DEFAULT_STRATEGY in names else names[0]
 
 
-def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
-    """Every other strategy minus ``reference`` over the (training seed, world) cells both
-    hold (two-way random-effects CI); None when they share no cell."""
-    base = next(row for row in rows if row.strategy == reference)
-    out = []
-    for row in rows:
-        if row is base:
+def paired_with(names: list[str], reference: str) -> dict[str, str]:
+    """Strategy -> the strategy it is compared with. ``reference`` a strategy: every other one
+    with it. ``reference`` one setting (``ablation=initial_bids``) of strategies named by
+    several (``rl.fork_tie_break=True,ablation=none``): each strategy without that setting with
+    the one that differs from it only there (``rl.fork_tie_break=True,ablation=initial_bids``),
+    so a factor is compared within each level of the others; a strategy with no such match is
+    absent."""
+    if not is_setting(reference, names):
+        return {name: reference for name in names if name != reference}
+    key = reference.split("=", 1)[0]
+    with_reference = {
+        tuple(s for s in settings_of(name) if s != reference): name
+        for name in names
+        if reference in settings_of(name)
+    }
+    pairs = {}
+    for name in names:
+        if reference in settings_of(name):
             continue
+        others = tuple(s for s in settings_of(name) if s.split("=", 1)[0] != key)
+        if others in with_reference and len(others) == len(settings_of(name)) - 1:
+            pairs[name] = with_reference[others]
+    return pairs
+
+
+def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
+    """Every strategy minus the one it is paired with (:func:`paired_with`) over the (training
+    seed, world) cells both hold (two-way random-effects CI); None when they share no cell."""
+    by_name = {row.strategy: row for row in rows}
+    out = []
+    for strategy, base_name in paired_with(list(by_name), reference).items():
+        row, base = by_name[strategy], by_name[base_name]
         shared = row.cells.keys() & base.cells.keys()
         difference = (
-            statistics.paired_difference(row.cells, base.cells, row.strategy, reference)
+            statistics.paired_difference(row.cells, base.cells, row.strategy, base_name)
             if shared
             else None
         )
-        out.append(DifferenceRow(row.strategy, difference))
+        out.append(DifferenceRow(row.strategy, difference, base_name))
     return out
 
 

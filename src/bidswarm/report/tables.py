@@ -13,7 +13,9 @@ from bidswarm.report.strategies import (
     StrategyRow,
     bid_levels_of,
     cell_summary,
+    paired_with,
     pass_cells,
+    settings_of,
     strategy_cells,
     winning_bid_shares,
 )
@@ -94,22 +96,31 @@ def verdict(rows: list[StrategyRow]) -> str:
 
 
 def difference_table(differences: list[DifferenceRow], reference: str) -> str:
-    """Markdown: strategy - reference, its 95% CI, how many cells were paired, the verdict."""
+    """Markdown: strategy - the strategy it is paired with, its 95% CI, how many cells were
+    paired, the verdict; a column names the partner when ``reference`` is a setting."""
+    matched = any(row.reference != reference for row in differences)
+    against = (
+        f"the strategy that differs only in **{reference}**" if matched else f"**{reference}**"
+    )
     lines = [
-        f"Paired difference to **{reference}** on the same (training seed, world) cells; 95% CI "
-        "by the two-way random-effects analysis of training seeds x worlds.",
+        f"Paired difference to {against} on the same (training seed, world) cells; 95% CI by "
+        "the two-way random-effects analysis of training seeds x worlds.",
         "",
-        f"| strategy | − {reference} | 95% CI | paired cells | verdict |",
-        "|---|---|---|---|---|",
+        f"| strategy |{' paired with |' if matched else ''} − {reference} | 95% CI "
+        "| paired cells | verdict |",
+        "|---|" + ("---|" if matched else "") + "---|---|---|---|",
     ]
     for row in differences:
+        partner = f" {row.reference} |" if matched else ""
         d = row.difference
         if d is None:
-            lines.append(f"| {row.strategy} | n/a | n/a | 0 | not paired: no shared cell |")
+            lines.append(
+                f"| {row.strategy} |{partner} n/a | n/a | 0 | not paired: no shared cell |"
+            )
         else:
             lines.append(
-                f"| {row.strategy} | {d.mean:+.2f} | {d.ci_low:+.2f} .. {d.ci_high:+.2f} "
-                f"| {d.n} | {d.verdict} |"
+                f"| {row.strategy} |{partner} {d.mean:+.2f} | {d.ci_low:+.2f} .. "
+                f"{d.ci_high:+.2f} | {d.n} | {d.verdict} |"
             )
     return "\n".join(lines)
 
@@ -488,8 +499,9 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
     """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
     the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds),
     the highest pass@k's 95% CI over (training seed, world) cells (two-way random effects;
-    empty when a run logged no per-world pass@k), with a ``reference`` strategy its paired
-    difference to the reference's, and the FLOPs per decision; empty when no run logged them."""
+    empty when a run logged no per-world pass@k), with a ``reference`` its paired difference
+    to the pass@k of the strategy it is paired with (:func:`paired_with`), and the cost per
+    decision; empty when no run logged them."""
     rows = {s: [r for r in rs if r.outcomes] for s, rs in groups.items()}
     rows = {s: results for s, results in rows.items() if results}
     if not rows:
@@ -498,7 +510,10 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
     columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
     header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks)]
     header += [f"pass@{ks[-1]} 95% CI"] if ks else []
-    paired = bool(ks) and reference in rows
+    partners = paired_with(list(rows), reference) if ks and reference is not None else {}
+    if partners:  # a reference (or a strategy with the reference setting) against itself
+        partners |= {s: s for s in rows if s == reference or reference in settings_of(s)}
+    paired = bool(partners)
     header += [f"pass@{ks[-1]} − {reference} (95% CI)"] if paired else []
     header += ["FLOPs/decision", "tokens/decision", "s/decision", "runs"]
     lines = [
@@ -526,7 +541,8 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
         if ks:
             cells.append(pass_interval(results, ks[-1]))
         if paired:
-            cells.append(pass_difference(results, rows[reference], ks[-1]))
+            partner = partners.get(strategy)
+            cells.append(pass_difference(results, rows[partner], ks[-1]) if partner else "")
         for cost in ("flops_per_decision", "tokens_per_decision", "seconds_per_decision"):
             values = [o[cost] for o in outcomes if cost in o]
             cells.append(f"{sum(values) / len(values):.3g}" if values else "")

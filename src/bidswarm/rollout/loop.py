@@ -105,10 +105,12 @@ class RolloutLoop:
                 actions = self._proposed_actions(decisions, proposals)
             self._generate_actions(live_envs, decisions, actions, generator)
             rewards = []
-            for env_index, env, decision, step_bids, action in zip(
-                live, live_envs, decisions, bids, actions, strict=True
+            scores = [s.proposal_scores for s in situations] if situations else [{}] * len(live)
+            for env_index, env, decision, step_bids, action, step_scores in zip(
+                live, live_envs, decisions, bids, actions, scores, strict=True
             ):
                 record = self._step(env, decision, step_bids, action, keep_snapshots)
+                record.proposal_scores = step_scores
                 episodes[env_index].steps.append(record)
                 rewards.append(record.reward)
             if situations is not None:

@@ -44,6 +44,7 @@ def episode_metrics(
     contested = sum(s.contested for e in episodes for s in e.steps)
     metrics["contested_fraction"] = contested / max(total_acting, 1)
     metrics |= winning_bid_metrics(episodes, roles, bid_levels)
+    metrics |= peer_score_metrics(episodes, roles)
     parsed = [bid.parsed for e in episodes for s in e.steps for bid in s.bids.values()]
     if parsed:  # rules that ask for bids
         metrics[names.BID_PARSE_RATE] = sum(parsed) / len(parsed)
@@ -71,6 +72,34 @@ def winning_bid_metrics(
         for level in (level for level in bid_levels if level > 0 or counts[level]):
             metrics[f"{prefix}/{level:g}"] = counts[level] / len(bids)
         metrics[f"{prefix}/mean"] = sum(bids) / len(bids)
+    return metrics
+
+
+PEER_SCORE_NEAR_TIE = 0.1
+"""A gap in mean peer score (nats per token) below which two proposals count as near-tied."""
+
+
+def peer_score_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[str, float]:
+    """What a rule that scores proposals saw (:data:`bidswarm.metric_names.PEER_SCORES`): per
+    proposer role the mean peer score its proposals received, and over the steps with two
+    proposals or more the gap between the best two and the share of near-ties
+    (:data:`PEER_SCORE_NEAR_TIE`). Empty when no step recorded proposal scores."""
+    received: dict[str, list[float]] = {}
+    gaps = []
+    for step in (s for e in episodes for s in e.steps if s.proposal_scores):
+        for agent, score in step.proposal_scores.items():
+            received.setdefault(role_name(roles[agent]), []).append(score)
+        if len(step.proposal_scores) >= 2:
+            best, second = sorted(step.proposal_scores.values(), reverse=True)[:2]
+            gaps.append(best - second)
+    metrics = {
+        f"{names.PEER_SCORES}/received/{role}": sum(v) / len(v)
+        for role, v in sorted(received.items())
+    }
+    if gaps:
+        metrics[f"{names.PEER_SCORES}/margin"] = sum(gaps) / len(gaps)
+        near = sum(gap < PEER_SCORE_NEAR_TIE for gap in gaps)
+        metrics[f"{names.PEER_SCORES}/near_tie"] = near / len(gaps)
     return metrics
 
 

@@ -45,6 +45,8 @@ class StepRecord:
               are wanted.
     memory:   the notes the actor read and the note it wrote (None: the memory is off).
     message:  the environment's feedback on the step (shown in the next observation).
+    proposal_scores: each present agent's proposal -> its mean peer score, what a rule that
+              asks for proposals read (:attr:`Situation.proposal_scores`; empty otherwise).
     """
 
     index: int
@@ -59,6 +61,7 @@ class StepRecord:
     what ``rl.fork_selection=open_reward`` reads."""
     memory: MemoryTrace | None = None
     message: str = ""
+    proposal_scores: dict[int, float] = field(default_factory=dict)
 
     @property
     def actor(self) -> int | None:
