@@ -1,5 +1,6 @@
-"""``debug=reward`` (the canary's profile) earns training reward on crafting, and its last lines
-say so."""
+"""``debug=reward`` (the canary's profile) earns training reward on crafting and navigation
+(``conf/debug/task/reward_navigation_r2r.yaml``), and its last lines say so. Research earns none
+at any size that trains in minutes (docs/architecture.md, "Seeing a new rule work")."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from canary import OVERRIDES
 from conftest import ROOT
 from test_check_readme import load_script as load_check_readme
 
-TASKS = {"crafting": []}
+TASKS = {"crafting": [], "navigation": ["task=navigation_r2r"]}
 """Task -> the overrides that pick it (crafting is the default task)."""
 
 
@@ -37,7 +38,7 @@ def test_the_canary_sizes_earn_training_reward_and_print_it(task, tmp_path):
     assert line, f"the last lines do not show the training reward:\n{tail}"
     rewards = [float(v) for v in re.findall(r"(-?\d+\.\d+)", line.split(":", 1)[1])]
     assert len(rewards) == 3  # 2 action updates, 1 bid update
-    assert max(rewards) > 0.0, line
+    assert sum(rewards) > 0.0, line  # navigation's progress reward can be negative
     # scripts/check_readme.py reads the README's headline figures from these same lines
     printed = load_check_readme().printed_headline(result.stdout)
     assert printed.ci_low <= printed.difference <= printed.ci_high

@@ -166,6 +166,13 @@ def test_arm_names_become_valid_metric_names():
     assert arm_metric_name("ablation=random_credit") == "ablation-random_credit"
     assert arm_metric_name("mpt (defaults)") == "mpt _defaults_"
     assert arm_metric_name("a=1,b=2") == "a-1 b-2"
+    # a one-arm sweep's arm is named by every override, a tracking URI among them
+    long = "coordination=graph_of_agents,logger.tracking_uri=sqlite:////" + "x/" * 150
+    other = long + "y"  # differs only past the cut: the hash keeps them apart
+    name = arm_metric_name(long)
+    assert len(f"arm/{name}/heldout_reward/ci_high") <= 250
+    assert name.startswith("coordination-graph_of_agents logger.tracking_uri-sqlite")
+    assert arm_metric_name(other) != name and len(arm_metric_name(other)) == len(name)
 
 
 def test_a_transcript_shows_bids_actor_action_reply_reward_and_credit():

@@ -5,6 +5,7 @@ arms, held-out reward after RL, the comparison plots). See docs/mlflow.md."""
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import re
@@ -90,10 +91,22 @@ class SweepParent(Callback):
         self.parent = None
 
 
+ARM_NAME_CHARACTERS = 200
+"""Longest arm name in a metric name: MLflow refuses names over 250 characters, and
+``arm/<arm>/heldout_reward/ci_high`` adds 27 (an arm of a one-arm sweep is named by every
+override, a tracking URI among them)."""
+
+
 def arm_metric_name(arm: str) -> str:
     """An arm's name as a metric name (MLflow allows letters, digits, ``_-. /``):
-    ``ablation=random_credit`` -> ``ablation-random_credit``."""
-    return re.sub(r"[^\w.\- ]", "_", arm.replace("=", "-").replace(",", " "))
+    ``ablation=random_credit`` -> ``ablation-random_credit``; a name longer than
+    :data:`ARM_NAME_CHARACTERS` keeps its start and ends with a hash of the whole name, so
+    arms stay apart (``summary/arms.json`` has the full names)."""
+    name = re.sub(r"[^\w.\- ]", "_", arm.replace("=", "-").replace(",", " "))
+    if len(name) <= ARM_NAME_CHARACTERS:
+        return name
+    digest = hashlib.sha1(arm.encode()).hexdigest()[:8]
+    return f"{name[: ARM_NAME_CHARACTERS - 10]}..{digest}"
 
 
 def summarise_sweep(client, parent: str, out: Path) -> str:
