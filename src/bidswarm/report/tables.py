@@ -511,6 +511,7 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
     header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks)]
     header += [f"pass@{ks[-1]} 95% CI"] if ks else []
     partners = paired_with(list(rows), reference) if ks and reference is not None else {}
+    partners = {s: partner for s, partner in partners.items() if partner in rows}
     if partners:  # a reference (or a strategy with the reference setting) against itself
         partners |= {s: s for s in rows if s == reference or reference in settings_of(s)}
     paired = bool(partners)
