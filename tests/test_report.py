@@ -467,6 +467,11 @@ def test_the_command_of_an_evaluation_sweep_counts_its_folders_and_quotes_values
     client.create_run(experiment)  # a run from before the tags: counted, not guessed
     text = provenance.provenance(client.search_runs([experiment]))
     assert text.startswith("Reproduce at `0123456-dirty` (1 of 4 runs recorded no command)")
+    # the counted folders are named below the command, so it can be remade exactly
+    assert text.endswith(
+        "`run_dir=<2 folders in /r/multirun>`, quoted and comma-separated: "
+        "`0_seed=0,a=b`, `1_seed=1`."
+    )
     # one folder is named, quoted as Hydra needs it (its name holds '=' and ',')
     single = [r for r in runs if "0_seed=0,a=b" in r.data.tags[tracking.OVERRIDES_TAG]]
     assert provenance.sweep_command(single) == (
