@@ -803,6 +803,45 @@ def test_heldout_points_along_training_sit_at_the_flops_of_their_update(tmp_path
     assert drawn is not None and drawn.stat().st_size > 0
 
 
+def test_flops_to_reach_interpolates_between_the_held_out_points_around_the_target():
+    curve = {"before": (0.0, 10.0), "update 10": (2.0, 30.0), "after": (4.0, 20.0)}
+    assert strategies.flops_to_reach(curve, 20.0) == pytest.approx(1.0)  # halfway to update 10
+    assert strategies.flops_to_reach(curve, 30.0) == 2.0  # the first point at or above it
+    assert strategies.flops_to_reach(curve, 5.0) == 0.0  # the SFT start already does
+    assert strategies.flops_to_reach(curve, 31.0) is None
+
+
+def test_catch_up_pairs_seeds_both_ways_and_says_which_seeds_never_reach():
+    def run(strategy: str, seed: int, curve: dict[str, tuple[float, float]]):
+        return reading.RunResult(
+            f"{strategy}/{seed}", strategy, curve["after"][1], 1.0, curve["after"][0],
+            training_seed=seed, heldout_curve=curve,
+        )  # fmt: skip
+
+    groups = {
+        "mpt": [
+            run("mpt", 0, {"before": (0.0, 10.0), "update 5": (4.0, 50.0), "after": (8.0, 60.0)}),
+            run("mpt", 1, {"before": (0.0, 40.0), "update 5": (4.0, 45.0), "after": (8.0, 70.0)}),
+        ],
+        "mono": [
+            run("mono", 0, {"before": (0.0, 10.0), "update 5": (1.0, 20.0), "after": (2.0, 30.0)}),
+            run("mono", 1, {"before": (0.0, 20.0), "update 5": (1.0, 30.0), "after": (2.0, 35.0)}),
+            run("mono", 2, {"before": (0.0, 20.0), "update 5": (1.0, 30.0), "after": (2.0, 35.0)}),
+        ],
+    }
+    rows = {(row.strategy, row.target): row for row in strategies.catch_up(groups, "mpt")}
+    # mono's seed 0 ends at 30 after 2 FLOPs; mpt's seed 0 passes 30 halfway to 4 FLOPs: 2 / 2;
+    # mpt's seed 1 starts at 40, above mono's final 35
+    assert rows["mpt", "mono"].fractions == {0: pytest.approx(1.0), 1: 0.0}
+    # mono never reaches mpt's 60 and 70: it stopped at 2 of mpt's 8 FLOPs (seed 2: no mpt run)
+    assert rows["mono", "mpt"].fractions == {0: None, 1: None}
+    assert rows["mono", "mpt"].short_of == {0: 0.25, 1: 0.25}
+    table = tables.catch_up_table(groups, "mpt")
+    assert "| mpt | mono | 0.50 (" in table and "| 2 of 2 | 0: 1.00, 1: 0.00 |" in table
+    assert "| mono | mpt | n/a | 0 of 2 | 0: > 0.25, 1: > 0.25 |" in table
+    assert tables.catch_up_table(groups, "round_robin") == ""  # no such strategy
+
+
 def test_heldout_whiskers_are_a_t_interval_from_three_runs_and_the_range_below():
     assert figures.heldout_whiskers([4.0]) == (4.0, 4.0, 4.0)
     # two runs: their range, not the t interval (t = 12.7 makes it 60 points wide here)

@@ -42,6 +42,7 @@ from bidswarm.report.reading import (
 from bidswarm.report.strategies import paired_differences, reference_strategy, strategy_rows
 from bidswarm.report.tables import (
     budget_table,
+    catch_up_table,
     difference_table,
     markdown_table,
     milestone_table,
@@ -81,6 +82,8 @@ def write_report(
     if len(rows) > 1:
         reference = reference_strategy(rows, reference)
         sections.append(difference_table(paired_differences(rows, reference), reference))
+        if efficiency := catch_up_table(groups, reference):
+            sections.append(efficiency)
     tables = (
         budget_table(groups),
         rl_gain_table(groups),

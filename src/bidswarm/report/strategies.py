@@ -232,3 +232,75 @@ def bid_levels_of(shares: dict[str, dict[str, dict[str, float]]]) -> list[str]:
     """The bid levels (``0.2`` ... ``0.8``) in ``shares``, ascending."""
     levels = {level for roles in shares.values() for bids in roles.values() for level in bids}
     return sorted(levels - {"mean"}, key=float)
+
+
+@dataclass
+class CatchUp:
+    """When ``strategy`` first reaches ``target``'s final held-out reward along its own held-out
+    curve (:attr:`RunResult.heldout_curve`), as a fraction of the RL training FLOPs ``target``
+    spent to get there, per training seed (:func:`catch_up`)."""
+
+    strategy: str
+    target: str
+    fractions: dict[object, float | None]
+    """Training seed -> FLOPs fraction; None: ``strategy`` did not reach it within its run."""
+    short_of: dict[object, float] = field(default_factory=dict)
+    """A seed not reached -> ``strategy``'s own RL FLOPs over ``target``'s (the fraction is
+    larger than this)."""
+
+    @property
+    def reached(self) -> list[float]:
+        return [f for f in self.fractions.values() if f is not None]
+
+
+def flops_to_reach(curve: dict[str, tuple[float, float]], reward: float) -> float | None:
+    """The RL training FLOPs at which a held-out curve of (FLOPs, reward) points first reaches
+    ``reward``: linear between the last point below and the first at or above it (0 when the
+    SFT start already does); None when no point does."""
+    points = sorted(curve.values())
+    for i, (flops, value) in enumerate(points):
+        if value >= reward:
+            if i == 0:
+                return flops
+            low_flops, low_value = points[i - 1]
+            return low_flops + (reward - low_value) / (value - low_value) * (flops - low_flops)
+    return None
+
+
+def catch_up(groups: dict[str, list[RunResult]], reference: str) -> list[CatchUp]:
+    """For every strategy paired with ``reference`` (a strategy name), both ways: the FLOPs at
+    which it reaches ``reference``'s final held-out reward of the same training seed, over the
+    FLOPs ``reference`` spent (and ``reference`` reaching its). Only runs with a held-out curve
+    along training (``eval.every``) and a final point count; a seed with several runs of a
+    strategy counts as not reached unless every pair reaches."""
+    if reference not in groups:
+        return []
+
+    def by_seed(strategy: str) -> dict[object, list[RunResult]]:
+        seeds: dict[object, list[RunResult]] = {}
+        for result in groups[strategy]:
+            if "after" in result.heldout_curve and len(result.heldout_curve) > 2:
+                seeds.setdefault(seed_cluster(result), []).append(result)
+        return seeds
+
+    out = []
+    for other in (name for name in groups if name != reference):
+        for strategy, target in ((other, reference), (reference, other)):
+            runs, targets = by_seed(strategy), by_seed(target)
+            row = CatchUp(strategy, target, {})
+            for seed in sorted(runs.keys() & targets.keys(), key=str):
+                row.fractions[seed] = None
+                pairs = [(run, goal) for run in runs[seed] for goal in targets[seed]]
+                fractions = []
+                for run, goal in pairs:
+                    goal_flops, goal_reward = goal.heldout_curve["after"]
+                    reach = flops_to_reach(run.heldout_curve, goal_reward)
+                    if reach is None:
+                        row.short_of[seed] = run.heldout_curve["after"][0] / goal_flops
+                    else:
+                        fractions.append(reach / goal_flops)
+                if len(fractions) == len(pairs):
+                    row.fractions[seed] = sum(fractions) / len(fractions)
+            if row.fractions:
+                out.append(row)
+    return out

@@ -12,6 +12,7 @@ from bidswarm.report.strategies import (
     DifferenceRow,
     StrategyRow,
     bid_levels_of,
+    catch_up,
     cell_summary,
     paired_with,
     pass_cells,
@@ -576,3 +577,42 @@ def pass_difference(results: list[RunResult], reference: list[RunResult], k: int
         return ""
     d = statistics.paired_difference(mine, theirs)
     return f"{100 * d.mean:+.1f} ({100 * d.ci_low:+.1f} .. {100 * d.ci_high:+.1f})"
+
+
+def catch_up_table(groups: dict[str, list[RunResult]], reference: str) -> str:
+    """Markdown: sample efficiency on the held-out worlds (:func:`catch_up`): per pair of
+    strategies, the RL training FLOPs at which one first reaches the other's final held-out
+    reward of the same seed, as a fraction of the other's FLOPs, mean and 95% t interval over
+    the seeds that reach it, and each seed's value; empty without held-out curves."""
+    rows = catch_up(groups, reference)
+    if not rows:
+        return ""
+    lines = [
+        "Sample efficiency on the held-out worlds: the RL training FLOPs at which a strategy "
+        "first reaches another's final held-out reward (same training seed; linear between "
+        "its held-out evaluations along training, `eval.every`, SFT's start at 0) over the RL "
+        "FLOPs the other spent; below 1: it gets there with less. Mean and 95% t interval "
+        "over the seeds that reach it; a seed that does not is shown as > its own FLOPs over "
+        "the other's. Each held-out point is a noisy mean (SE ~5-8 reward), so a first "
+        "crossing is early-biased: read the interval, not the point.",
+        "",
+        "| strategy | reaches the final reward of | FLOPs fraction (95% CI) | seeds reaching "
+        "| per seed |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        reached = row.reached
+        if reached:
+            s = statistics.summarize(reached)
+            interval = f"{s.mean:.2f} ({s.ci_low:.2f} .. {s.ci_high:.2f})"
+        else:
+            interval = "n/a"
+        per_seed = ", ".join(
+            f"{seed}: {value:.2f}" if value is not None else f"{seed}: > {row.short_of[seed]:.2f}"
+            for seed, value in row.fractions.items()
+        )
+        lines.append(
+            f"| {row.strategy} | {row.target} | {interval} | {len(reached)} of "
+            f"{len(row.fractions)} | {per_seed} |"
+        )
+    return "\n".join(lines)
