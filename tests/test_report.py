@@ -756,6 +756,38 @@ def test_the_outcome_table_gives_pass_at_k_a_clustered_interval_over_seeds_and_w
     assert table[-1].split(" | ")[5] == expected
 
 
+def test_evaluation_runs_show_who_acted_how_far_episodes_got_and_what_peer_scoring_saw(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment_id = client.create_experiment("swap", str(tmp_path / "artifacts"))
+    for seed, miner in ((0, 0.7), (1, 0.9)):
+        run = client.create_run(
+            experiment_id,
+            run_name=f"eval coordination=graph_of_agents,seed={seed}",
+            tags={reading.KIND_TAG: "evaluate"},
+        )
+        for key, value in (
+            ("eval/reward/mean", 5.0),
+            ("eval/participation/miner", miner),
+            ("eval/participation/smith", 1 - miner),
+            ("eval/task/milestone/oak_log", 0.1 * (seed + 1)),
+            ("eval/task/milestone/stick", 0.0),
+            ("eval/peer_scores/received/miner", -4.0 - seed),
+            ("eval/peer_scores/received/smith", -6.0),
+            ("eval/peer_scores/margin", 1.0 + seed),
+            ("eval/participation_at/10/miner", 1.0),  # not a role's share of acting steps
+        ):
+            client.log_metric(run.info.run_id, key, value)
+    runs = [reading.read_run(client, r) for r in client.search_runs([experiment_id])]
+    table = tables.evaluation_behaviour_table(reading.group_by_strategy(runs))
+    assert table.splitlines()[-1] == (
+        "| coordination=graph_of_agents | miner 80%; smith 20% | oak_log 15%; stick 0% "
+        "| miner -4.50; smith -6.00; margin 1.50 | 2 |"
+    )
+    assert tables.evaluation_behaviour_table({"a": [result("a", 1.0)]}) == ""
+
+
 def test_the_outcome_table_shows_each_rules_cost_per_decision_over_the_runs_that_logged_it():
     def evaluation(seed: int, cost: dict[str, float]) -> reading.RunResult:
         outcomes = {"agents": 3.0, "task/success": 0.1, **cost}

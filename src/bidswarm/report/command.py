@@ -44,6 +44,7 @@ from bidswarm.report.tables import (
     budget_table,
     catch_up_table,
     difference_table,
+    evaluation_behaviour_table,
     markdown_table,
     milestone_table,
     outcome_table,
@@ -94,6 +95,7 @@ def write_report(
         milestone_table(groups),
         winning_bid_table(groups),
         outcome_table(groups, reference),
+        evaluation_behaviour_table(groups),
     )
     sections += [table for table in tables if table]
     for name in FIGURES:  # figures of an earlier report into ``out`` must not linger

@@ -95,7 +95,8 @@ class RunResult:
     before_world_rewards: dict[int, float] | None = None
     """A training run's held-out per-world rewards before RL (after SFT), if measured."""
     participation: dict[str, dict[str, float]] = field(default_factory=dict)
-    """``before`` / ``after`` -> role -> share of acting steps on the held-out worlds."""
+    """``before`` / ``after`` RL (training runs) or ``eval`` (evaluation runs) -> role -> share
+    of acting steps on the held-out worlds."""
     outcomes: dict[str, float] = field(default_factory=dict)
     """An evaluation run's success, pass@k, agents and FLOPs per decision (:data:`OUTCOMES`)."""
     world_pass_at_k: dict[int, dict[int, float]] = field(default_factory=dict)
@@ -116,8 +117,12 @@ class RunResult:
     level (``0.8``) or ``mean`` -> that held-out ``bids/winning/<role>/<level>`` (empty: the
     rule records no winning bids)."""
     milestones: dict[str, dict[str, float]] = field(default_factory=dict)
-    """``before`` / ``after`` RL -> milestone -> share of held-out episodes that reached it
-    (``eval_<when>/task/milestone/<name>``; empty: the task logs no milestones)."""
+    """``before`` / ``after`` RL (training runs) or ``eval`` (evaluation runs) -> milestone ->
+    share of held-out episodes that reached it (``eval_<when>/task/milestone/<name>``; empty:
+    the task logs no milestones)."""
+    peer_scores: dict[str, float] = field(default_factory=dict)
+    """An evaluation run's ``eval/peer_scores/...`` (``received/<role>``, ``margin``,
+    ``near_tie``) without the prefix; empty: the rule scores no proposals."""
 
 
 def strategy_of(run_name: str) -> str:
@@ -264,6 +269,9 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             world_pass_at_k={k: v for k, v in world_pass_at_k.items() if v is not None},
             budget=budget,
             winning_bids={"eval": bids} if (bids := winning_bids_of(metrics, "eval")) else {},
+            participation={"eval": under(metrics, "eval/participation/")},
+            milestones={"eval": under(metrics, "eval/task/milestone/")},
+            peer_scores=under(metrics, f"eval/{names.PEER_SCORES}/"),
         )
     keys = ["reward/mean", "reward/se", "flops/total"]
     keys += sorted(k for k in metrics if k.startswith(("participation/", "participation_at/")))

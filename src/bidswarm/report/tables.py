@@ -616,3 +616,49 @@ def catch_up_table(groups: dict[str, list[RunResult]], reference: str) -> str:
             f"{len(row.fractions)} | {per_seed} |"
         )
     return "\n".join(lines)
+
+
+def mean_of(values: list[dict[str, float]], key: str) -> float:
+    """Mean of ``key`` over the dicts in ``values`` that hold it (one at least)."""
+    found = [v[key] for v in values if key in v]
+    return sum(found) / len(found)
+
+
+def evaluation_behaviour_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: what each evaluated strategy did on the held-out worlds (evaluation runs):
+    participation per role, the share of episodes that reached each milestone, and, for a rule
+    that scores proposals, the mean peer score each role's proposals received and the margin
+    between the best and the second; empty when no evaluation run logged participation."""
+    rows = []
+    for strategy, results in groups.items():
+        measured = [r for r in results if r.participation.get("eval")]
+        if not measured:
+            continue
+        shares = [r.participation["eval"] for r in measured]
+        roles = sorted({role for share in shares for role in share})
+        acting = "; ".join(f"{role} {100 * mean_of(shares, role):.0f}%" for role in roles)
+        reached = [r.milestones["eval"] for r in measured if r.milestones.get("eval")]
+        names = {m for found in reached for m in found}
+        order = sorted(names, key=lambda m: (-mean_of(reached, m), m))
+        milestones = "; ".join(f"{m} {100 * mean_of(reached, m):.0f}%" for m in order) or "–"
+        scored = [r.peer_scores for r in measured if r.peer_scores]
+        received = sorted({k for found in scored for k in found if k.startswith("received/")})
+        peers = "; ".join(
+            f"{key.removeprefix('received/')} {mean_of(scored, key):.2f}" for key in received
+        )
+        if any("margin" in found for found in scored):
+            peers += f"; margin {mean_of(scored, 'margin'):.2f}"
+        rows.append(f"| {strategy} | {acting} | {milestones} | {peers or '–'} | {len(measured)} |")
+    if not rows:
+        return ""
+    header = [
+        "What each strategy did on the held-out worlds (evaluation runs, mean over runs): the "
+        "share of acting steps per role, the share of episodes that reached each milestone (in "
+        "the order most reach them), and for a rule that scores proposals the mean peer score "
+        "each role's proposals received (mean token log-prob under the other agents, nats per "
+        "token) with the mean margin between the best and the second-best proposal of a step.",
+        "",
+        "| strategy | participation | milestones | peer scores received | runs |",
+        "|---|---|---|---|---|",
+    ]
+    return "\n".join(header + rows)
