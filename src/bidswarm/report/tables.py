@@ -593,8 +593,8 @@ def catch_up_table(groups: dict[str, list[RunResult]], reference: str) -> str:
         "its held-out evaluations along training, `eval.every`, SFT's start at 0) over the RL "
         "FLOPs the other spent; below 1: it gets there with less. Mean and 95% t interval "
         "over the seeds that reach it; a seed that does not is shown as > its own FLOPs over "
-        "the other's. Each held-out point is a noisy mean (SE ~5-8 reward), so a first "
-        "crossing is early-biased: read the interval, not the point.",
+        "the other's. Each held-out point is a noisy mean (its SE: `eval_during/reward/se`), "
+        "so a first crossing is early-biased: read the interval, not the point.",
         "",
         "| strategy | reaches the final reward of | FLOPs fraction (95% CI) | seeds reaching "
         "| per seed |",
