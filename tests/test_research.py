@@ -18,6 +18,7 @@ from bidswarm.envs.base import EpisodeNotRunning
 from bidswarm.envs.conformance import check_fork_contract, random_reply
 from bidswarm.envs.experts import play_expert_episode
 from bidswarm.envs.research import ResearchConfig, ResearchEnv
+from bidswarm.envs.research.config import WorldSize
 from bidswarm.envs.research.corpus import (
     Document,
     document_row,
@@ -59,6 +60,20 @@ def test_world_is_deterministic_and_sized_as_documented(world):
     assert {len(q.hops) for q in questions} == {2, 3, 4}
     other_documents, _ = generate_world(1, n_train=10, n_heldout=5)
     assert other_documents != documents
+
+
+def test_world_size_sets_each_kind_of_entity_and_every_question_still_resolves(tmp_path):
+    size = WorldSize(regions=2, cities=6, orgs=6, people=12, events=6)
+    documents, _ = generate_world(0, n_train=8, n_heldout=4, size=size)
+    assert len(documents) == 2 + 6 + 6 + 12 + 6
+    assert generate_world(0, n_train=8, n_heldout=4, size=size)[0] == documents
+    config = ResearchConfig(
+        cache_dir=str(tmp_path), min_hops=1, max_hops=1, n_train_seeds=8, n_heldout_seeds=4
+    )
+    env = ResearchEnv(replace(config, world_size=size))
+    assert len(env.data.documents) == len(documents)
+    for seed in [*range(8), *env.heldout_seeds()]:
+        assert play_expert_episode(env, seed, BID_LEVELS).metrics["success"] == 1.0, seed
 
 
 def test_world_facts_agree_across_pages(world):
@@ -447,6 +462,8 @@ def test_yaml_composes_onto_the_schema():
         ({"corpus_path": "c.jsonl"}, "task.corpus_path"),
         ({"min_hops": 5}, "task.min_hops"),
         ({"f1_threshold": 0.0}, "task.f1_threshold"),
+        ({"world_size": WorldSize(people=0)}, "task.world_size.people"),
+        ({"world_size": WorldSize(regions=30, cities=20)}, "task.world_size.cities"),
     ],
 )
 def test_bad_values_fail_naming_the_key(change, key, cache_dir):

@@ -1,6 +1,6 @@
-"""``debug=reward`` (the canary's profile) earns training reward on crafting and navigation
-(``conf/debug/task/reward_navigation_r2r.yaml``), and its last lines say so. Research earns none
-at any size that trains in minutes (docs/architecture.md, "Seeing a new rule work")."""
+"""``debug=reward`` (the canary's profile) earns training reward on every task, and its last lines
+say so: crafting at the canary's sizes, navigation and research at their own
+(``conf/debug/task/reward_<task>.yaml``, docs/architecture.md "Seeing a new rule work")."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from canary import OVERRIDES
 from conftest import ROOT
 from test_check_readme import load_script as load_check_readme
 
-TASKS = {"crafting": [], "navigation": ["task=navigation_r2r"]}
+TASKS = {"crafting": [], "navigation": ["task=navigation_r2r"], "research": ["task=research"]}
 """Task -> the overrides that pick it (crafting is the default task)."""
 
 

@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from bidswarm.checks import Problems
 from bidswarm.envs.base import TaskConfig
+
+
+@dataclass
+class WorldSize:
+    """How many entities of each kind the generated world has (the default gives about 3,000
+    documents; ``conf/debug/task/reward_research.yaml`` uses a few dozen)."""
+
+    regions: int = 24
+    cities: int = 240
+    orgs: int = 420
+    people: int = 1900
+    events: int = 420
 
 
 @dataclass
@@ -36,6 +48,9 @@ class ResearchConfig(TaskConfig):
     corpus_path: str | None = None
     questions_path: str | None = None
     world_seed: int = 0
+    world_size: WorldSize = field(default_factory=WorldSize)
+    """The generated world's entities of each kind (unused with ``corpus_path``): a smaller
+    world has fewer names to learn and fewer distractors per search."""
     min_hops: int = 2
     max_hops: int = 4
     cache_dir: str | None = None
@@ -69,6 +84,14 @@ class ResearchConfig(TaskConfig):
             "task.min_hops",
             self.min_hops,
             f"need 1 <= min_hops <= max_hops (task.max_hops={self.max_hops})",
+        )
+        for kind, count in vars(self.world_size).items():
+            problems.at_least(f"task.world_size.{kind}", count, 1)
+        problems.require(
+            self.world_size.cities >= self.world_size.regions,
+            "task.world_size.cities",
+            self.world_size.cities,
+            f"each of the {self.world_size.regions} regions needs a capital city",
         )
         problems.at_least("task.search_top_k", self.search_top_k, 1)
         problems.at_least("task.search_char_ngrams", self.search_char_ngrams, 0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +100,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
         _file_key(config.corpus_path),
         _file_key(config.questions_path),
         config.world_seed,
+        astuple(config.world_size),
         config.n_train_seeds,
         config.n_heldout_seeds,
         config.min_hops,
@@ -116,6 +117,7 @@ def load_research_data(config: ResearchConfig) -> ResearchData:
             config.n_heldout_seeds,
             config.min_hops,
             config.max_hops,
+            config.world_size,
         )
     else:
         documents = read_documents(config.corpus_path)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from bidswarm.envs.research.config import WorldSize
 from bidswarm.envs.research.corpus import Document, Hop, Question
 
 ONSETS = ["b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s"]
@@ -95,17 +96,6 @@ PATTERN_WORDS = {
     word for kinds in RELATIONS.values() for r in kinds.values() for word in r.pattern.split()
 }
 """Words of find patterns; no invented name may be one, so a find never matches a name."""
-
-
-@dataclass(frozen=True)
-class WorldSize:
-    """How many entities of each kind (the default gives about 3,000 documents)."""
-
-    regions: int = 24
-    cities: int = 240
-    orgs: int = 420
-    people: int = 1900
-    events: int = 420
 
 
 class _Names:
