@@ -16,7 +16,7 @@ from gymnasium.utils.env_checker import check_env
 from pettingzoo.test import api_test, parallel_api_test
 
 from bidswarm.algorithms.auction import run_auction
-from bidswarm.coordination.base import CoordinationConfig
+from bidswarm.coordination.base import PAPER_BID_LEVELS
 from bidswarm.envs import MONOLITHIC, TASKS, env_class
 from bidswarm.envs import gymnasium as bidswarm_gymnasium
 from bidswarm.envs import pettingzoo as bidswarm_pettingzoo
@@ -25,7 +25,7 @@ from bidswarm.envs.experts import format_bid, play_expert_episode, snap_to_level
 from bidswarm.envs.pettingzoo import TextAuctionEnv, TextParallelEnv, Turn, round_robin
 
 NAMES = sorted(TASKS)
-LEVELS = list(bidswarm_pettingzoo.BID_LEVELS)
+LEVELS = list(PAPER_BID_LEVELS)
 SEEDS = [0, 1, 2]
 
 
@@ -38,10 +38,6 @@ def expert_winner(env: TextParallelEnv, rng: random.Random) -> str | None:
     bids = [snap_to_level(env.task.expert_bid(role), LEVELS) for role in env.possible_agents]
     winner = run_auction(bids, rng).winner
     return None if winner is None else env.possible_agents[winner]
-
-
-def test_the_default_bid_levels_are_the_configs():
-    assert CoordinationConfig().bid_levels == LEVELS
 
 
 # -- the libraries' own checks -------------------------------------------------------------------

@@ -201,8 +201,10 @@ class SFTConfig:
     """SFT cold start (PAPER.md section 5): each agent on its own role's demonstrations."""
 
     enabled: bool = True
-    epochs: int = 2
-    lr: float = 1e-5
+    # epochs, lr and micro_batch_tokens: the model's values (``conf/train.yaml`` links them as
+    # ``${model.sft_epochs}``, ...); their only defaults live in ModelConfig.
+    epochs: int = ModelConfig.sft_epochs
+    lr: float = ModelConfig.sft_lr
     batch_size: int = 16
     demo_episodes: int = 24
     """Scripted-expert episodes (training seeds) that provide the demonstrations."""
@@ -212,7 +214,7 @@ class SFTConfig:
     """Share of the bid demonstrations kept (a seeded draw; every action demonstration is kept).
     Every role bids at each step but acts at few, so bids are most examples; below 1 the SFT
     steps go to the action replies [ours]."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = ModelConfig.micro_batch_tokens
     """The most tokens one SFT forward sees; a step's batch is split into micro-batches with
     gradient accumulation (the step and its loss are the same)."""
     match: SFTMatch = SFTMatch.action_passes
@@ -238,7 +240,8 @@ class RLConfig:
     ``envs_per_update``). Most forks tie and the pairs' weights are below 1, so a bid update
     needs more episodes than an action update for a usable batch of pairs (the default job:
     ~6 effective pairs from 16 worlds, ``forks/effective_pairs``)."""
-    lr: float = 1e-6
+    lr: float = ModelConfig.rl_lr
+    """The model's ``rl_lr`` (``conf/train.yaml`` links it), the only home of its default."""
     lr_schedule: LRSchedule = LRSchedule.constant
     """[ours] The RL learning rate over the updates, per param group, set once per update
     (paper: constant) (:class:`~bidswarm.algorithms.schedules.LRSchedule`)."""
@@ -262,7 +265,7 @@ class RLConfig:
     entropy_coef: float = 0.0
     """[ours] Weight of the entropy bonus on action tokens (full-vocabulary entropy at each
     trained position; paper: none, 0)."""
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = ModelConfig.micro_batch_tokens
     """The most tokens (rows x longest row) one learner forward sees: each agent's batch is
     split into micro-batches with gradient accumulation (the same update, up to float rounding),
     so peak memory is set by this budget, not by envs x decisions."""

@@ -26,6 +26,9 @@ from omegaconf import MISSING
 from bidswarm.checks import Allowed, Parameter, at_least, parameter_problems
 from bidswarm.envs.experts import format_bid
 
+PAPER_BID_LEVELS: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8)
+"""The quantized bids of PAPER.md section 2: every rule's default ``bid_levels``."""
+
 
 @dataclass
 class CoordinationConfig:
@@ -33,7 +36,7 @@ class CoordinationConfig:
     PAPER.md section 2; a rule with parameters extends this schema (see ``AgentNetConfig``)."""
 
     name: str = MISSING
-    bid_levels: list[float] = field(default_factory=lambda: [0.0, 0.2, 0.4, 0.6, 0.8])
+    bid_levels: list[float] = field(default_factory=lambda: list(PAPER_BID_LEVELS))
     replicas: int = 1
     """Copies of each role in the population (population scaling)."""
 

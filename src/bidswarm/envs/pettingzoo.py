@@ -32,6 +32,7 @@ from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
 from bidswarm.algorithms.auction import run_auction
+from bidswarm.coordination.base import PAPER_BID_LEVELS
 from bidswarm.envs.base import MONOLITHIC, StepResult, TextEnv, world_seed
 from bidswarm.envs.experts import parse_bid
 from bidswarm.envs.interop import (
@@ -44,9 +45,6 @@ from bidswarm.envs.interop import (
     require_text,
     wrapper_snapshot,
 )
-
-BID_LEVELS: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8)
-"""The quantized bids of PAPER.md section 2, as ``conf/coordination`` sets them."""
 
 
 class TextObservation(str):
@@ -113,7 +111,7 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
     def __init__(
         self,
         task: TextEnv,
-        bid_levels: Sequence[float] = BID_LEVELS,
+        bid_levels: Sequence[float] = PAPER_BID_LEVELS,
         render_mode: str | None = None,
     ):
         check_render_mode(self, render_mode)
@@ -379,7 +377,7 @@ class TextParallelEnv(_RoleSpaces, ParallelEnv):
 
 def env(
     task: str,
-    bid_levels: Sequence[float] = BID_LEVELS,
+    bid_levels: Sequence[float] = PAPER_BID_LEVELS,
     render_mode: str | None = None,
     **config: Any,
 ) -> TextAuctionEnv:
