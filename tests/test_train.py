@@ -161,3 +161,15 @@ def test_a_seed_repeats_exactly_and_another_seed_differs(smoke_run, tmp_path):
     # losses (demonstrations, order, init) and in how the agents bid and act (held-out metrics).
     for part in ("sft", "eval_before"):
         assert traced_other[part] != traced_first[part], f"seed 1 repeats seed 0's {part}"
+
+
+def test_rl_cycles_zero_is_sft_only_and_its_result_is_the_sft_model(tmp_path):
+    """The equal-compute "more SFT instead of RL" arm: no RL update, the SFT model evaluated
+    as the run's result, the same weights as the run's SFT checkpoint."""
+    run_dir = run_cli(tmp_path, "debug=smoke", "rl.cycles=0", "eval.before_rl=false")
+    state = read_state(run_dir)
+    assert state["sft_done"] and "eval_after" in state and "eval_before" not in state
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+    for agent in ("agent0_logger", "agent1_miner", "agent2_smith"):
+        sft = (run_dir / "sft" / agent / "model.safetensors").read_bytes()
+        assert (run_dir / "final" / agent / "model.safetensors").read_bytes() == sft

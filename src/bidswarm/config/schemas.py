@@ -226,7 +226,9 @@ class RLConfig:
     """MPT training (PAPER.md sections 3-5)."""
 
     cycles: int = 12
-    """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates."""
+    """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates; 0:
+    no RL, the SFT model is the run's result (evaluated as ``eval_after``): the arm that spends
+    RL's compute on more SFT passes instead (``experiment=pretrained``)."""
     action_updates: int = 4
     bid_updates: int = 1
     bid_slot_without_bids: BidSlotWithoutBids = BidSlotWithoutBids.skip

@@ -277,7 +277,7 @@ def _sft_problems(cfg: Any, problems: Problems) -> None:
 
 def _rl_problems(cfg: Any, problems: Problems) -> None:
     rl = cfg.rl
-    problems.at_least("rl.cycles", rl.cycles, 1)
+    problems.at_least("rl.cycles", rl.cycles, 0)
     problems.at_least("rl.action_updates", rl.action_updates, 0)
     problems.at_least("rl.bid_updates", rl.bid_updates, 0)
     problems.require(

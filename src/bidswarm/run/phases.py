@@ -197,6 +197,8 @@ class Run:
         raises :class:`RunInterrupted` after a stop signal, once the update in progress is
         done and checkpointed.
         """
+        if self.cfg.rl.cycles == 0:  # SFT only: nothing to fit
+            return True
         collector = Collector(
             self.loop, self.cfg.rl, self.credit, self.env.train_seeds(), self.cfg.seed
         )

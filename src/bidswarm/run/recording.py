@@ -228,7 +228,8 @@ def summary(
         lines.append(f"[bidswarm] held-out reward before RL (after SFT): {before:.2f}")
     if after is not None:
         result = state["eval_after"]
-        line = f"[bidswarm] held-out reward after RL: {after:.2f} +- {result['reward/se']:.2f}"
+        trained = "after RL" if cfg.rl.cycles else "after SFT only (rl.cycles=0)"
+        line = f"[bidswarm] held-out reward {trained}: {after:.2f} +- {result['reward/se']:.2f}"
         if "reward/ci_low" in result:  # absent from runs evaluated before CIs existed
             line += f" (95% CI {result['reward/ci_low']:.2f} .. {result['reward/ci_high']:.2f})"
         lines.append(line)
