@@ -11,6 +11,8 @@ from hydra import compose, initialize_config_dir
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.config import ConfigError, register_configs, validate
+from bidswarm.engines import PromptBatch
+from bidswarm.engines.hf import HFEngine
 from bidswarm.envs.crafting import CraftingConfig, CraftingEnv
 from bidswarm.rollout.swarm import Swarm
 from bidswarm.rollout.usage import Usage
@@ -110,11 +112,9 @@ def test_agents_with_their_own_weights_bid_one_batch_each_as_before():
     assert swarm.bid_many(AGENTS, ENVS, torch.Generator().manual_seed(0)) == one_by_one
 
 
-def test_a_rollout_dtype_needs_fully_fine_tuned_agents_outside_deepspeed():
+def test_a_rollout_dtype_is_refused_under_deepspeed_only():
     validate(compose_train(["model.rollout_dtype=bfloat16"]))
-    lora = compose_train(["model.rollout_dtype=bfloat16", "model.adapter=lora"])
-    with pytest.raises(ConfigError, match=r"model\.rollout_dtype=.*null with model\.adapter=lora"):
-        validate(lora)
+    validate(compose_train(["model.rollout_dtype=bfloat16", "model.adapter=lora"]))
     deepspeed = compose_train(["model.rollout_dtype=bfloat16", "trainer=deepspeed_stage_2"])
     with pytest.raises(ConfigError, match=r"model\.rollout_dtype=.*DeepSpeed writes the weights"):
         validate(deepspeed)
@@ -137,3 +137,55 @@ def test_the_run_config_sets_how_every_agent_decodes():
         decoder = default.swarm.engine.decoder(agent)
         assert decoder.rollout_dtype is None
         assert decoder.kv_cache == "auto" and not decoder.compile_decode
+
+
+def test_lora_agents_generate_on_one_cast_copy_each_through_its_own_adapter():
+    """``model.rollout_dtype`` with LoRA agents: one bfloat16 copy of the shared peft model for
+    all of them, each agent's rows through its own adapter whether it generates alone, with
+    the others (one batch across adapters) or scores (its replies score on the copy as its own
+    float32 weights score them, not as another agent's), refreshed after an update."""
+    swarm = lora_swarm("lora", temperature=0.0)
+    agents = list(swarm.population)
+    engine = HFEngine("dynamic", False, torch.bfloat16)
+    envs = worlds(range(4))
+    prompt_ids = [
+        agent.encode_prompts(
+            [swarm.prompts.bid(agent.role, env.observation(agent.role)) for env in envs]
+        )
+        for agent in agents
+    ]
+    together = engine.generate(
+        [PromptBatch(agent, ids) for agent, ids in zip(agents, prompt_ids, strict=True)],
+        6,
+        0.0,
+        None,
+    )
+    alone = [  # in reverse order: the copy's adapter is switched between calls
+        engine.generate([PromptBatch(agents[i], prompt_ids[i])], 6, 0.0, None)[0]
+        for i in reversed(range(len(agents)))
+    ][::-1]
+    assert alone == together
+    copies = {id(engine.decoder(agent).rollout_model()) for agent in agents}
+    assert len(copies) == 1
+    assert engine.decoder(agents[0]).rollout_model().dtype == torch.bfloat16
+
+    def learner(agent, index: int) -> torch.Tensor:
+        return agent.sequence_logprobs(prompt_ids[index], [g.reply_ids for g in alone[index]])[0]
+
+    for index in reversed(range(len(agents))):
+        agent, replies = agents[index], [g.reply_ids for g in alone[index]]
+        on_copy = engine.score(agent, prompt_ids[index], replies, 1.0, None)[0].float()
+        assert torch.allclose(on_copy, learner(agent, index), atol=0.6)  # bf16 vs fp32, 6 tokens
+        for other in agents:
+            if other is not agent:  # another adapter finds these replies far less likely
+                assert learner(other, index).sum() < learner(agent, index).sum() - 1.0
+
+    replies = [g.reply_ids for g in alone[0]]
+    before = engine.score(agents[0], prompt_ids[0], replies, 1.0, None)[0].float()
+    with torch.no_grad():  # an update of agent 0's adapter
+        for name, parameter in agents[0].model.named_parameters():
+            if f".{agents[0].adapter}." in name and "lora_B" in name:
+                parameter.normal_(0.0, 0.3)
+    after = engine.score(agents[0], prompt_ids[0], replies, 1.0, None)[0].float()
+    assert not torch.allclose(after, before, atol=0.5)
+    assert torch.allclose(after, learner(agents[0], 0), atol=0.6)

@@ -159,11 +159,16 @@ class AgentPolicy(torch.nn.Module):
         base = sum(p.numel() for name, p in self.model.named_parameters() if "lora_" not in name)
         return ParameterCounts(frozen=base, trained=trained)
 
-    def use_own_adapter(self) -> None:
-        """Route the shared peft model's forwards through this agent's adapter. peft's
-        ``set_adapter`` also freezes every other adapter; they stay trainable here (each is
-        another agent's parameter group; an inactive adapter simply gets no gradient)."""
+    def use_own_adapter(self, model: PreTrainedModel | None = None) -> None:
+        """Route the shared peft model's forwards through this agent's adapter; ``model``: a
+        rollout engine's copy of that model (its cast copy), else the weights themselves.
+        peft's ``set_adapter`` also freezes every other adapter; on the weights they stay
+        trainable (each is another agent's parameter group; an inactive adapter simply gets no
+        gradient); a copy trains nothing."""
         if self.adapter is None:
+            return
+        if model is not None and model is not self.model:
+            model.set_adapter(self.adapter)
             return
         self.model.set_adapter(self.adapter)
         for name, parameter in self.model.named_parameters():
@@ -292,8 +297,8 @@ class AgentPolicy(torch.nn.Module):
         """
         sums, lengths = [], []
         rows = [len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True)]
-        self.use_own_adapter()
         model = self.model if model is None else model
+        self.use_own_adapter(model)
         for part in micro_batches(rows, token_budget):
             scores = self._reply_scores(
                 model, [prompt_ids[i] for i in part], [reply_ids[i] for i in part], temperature

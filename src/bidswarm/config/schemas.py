@@ -122,8 +122,9 @@ class ModelConfig:
     learner trains the ``dtype`` weights: ``bfloat16`` for ``float32`` weights runs on the
     bfloat16 matmul units of recent CPUs (AMX) and GPUs. Replies are sampled from the cast
     copy: log-probs within ~0.04 nats per token of float32 for SmolLM2 (docs/performance.md).
-    Fully fine-tuned agents only, not under DeepSpeed (it writes the weights in its own
-    buffers, which the copy would not see)."""
+    LoRA agents share one copy of their peft model (base and adapters), each generating through
+    its own adapter. Not under DeepSpeed (it writes the weights in its own buffers, which the
+    copy would not see)."""
     tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
     temperature: float = 1.0
     max_bid_tokens: int = 4

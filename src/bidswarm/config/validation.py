@@ -162,14 +162,6 @@ def _model_problems(model: Any, problems: Problems) -> None:
             model.kv_cache,
             "static or auto: model.compile_decode=true needs fixed shapes",
         )
-    if model.rollout_dtype is not None and model.engine == "hf":
-        problems.require(
-            model.adapter == "full",
-            "model.rollout_dtype",
-            model.rollout_dtype,
-            "null with model.adapter=lora (the copy in the rollout dtype is of a fully "
-            "fine-tuned agent's weights)",
-        )
     if model.torch_threads is not None:
         problems.require(
             model.torch_threads >= 1, "model.torch_threads", model.torch_threads, ">= 1 or null"

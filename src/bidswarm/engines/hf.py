@@ -53,6 +53,49 @@ def static_cache_slots(tokens: int) -> int:
     return -(-tokens // STATIC_CACHE_BLOCK) * STATIC_CACHE_BLOCK
 
 
+class CastCopies:
+    """Copies of models with their parameters cast to a rollout dtype, one per source model,
+    each refreshed in place when its source's weights changed (:func:`weights_version`). An
+    engine's decoders share it, so LoRA agents of one shared peft model generate on one copy
+    (base and every adapter), refreshed once per update whichever agent asks first."""
+
+    def __init__(self) -> None:
+        self._copies: weakref.WeakKeyDictionary[PreTrainedModel, tuple[tuple, PreTrainedModel]]
+        self._copies = weakref.WeakKeyDictionary()
+
+    def of(self, model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+        """``model``'s copy in ``dtype``, as its weights are now."""
+        version = (weights_version(model), dtype)
+        kept = self._copies.get(model)
+        if kept is not None and kept[0] == version:
+            return kept[1]
+        copied = cast_copy(model, dtype, kept[1] if kept is not None else None)
+        self._copies[model] = (version, copied)
+        return copied
+
+
+def weights_version(model: PreTrainedModel) -> tuple[tuple[int, int], ...]:
+    """Changes whenever a parameter of ``model`` is written (an optimizer step) or replaced."""
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def cast_copy(
+    model: PreTrainedModel, dtype: torch.dtype, kept: PreTrainedModel | None
+) -> PreTrainedModel:
+    """A copy of ``model`` with its parameters in ``dtype`` (buffers, e.g. the rotary
+    frequencies, kept): ``kept`` refreshed in place when it is one on the same device, else a
+    new one."""
+    with torch.inference_mode(False), torch.no_grad():  # plain tensors, writable later
+        if kept is not None and kept.device == model.device:
+            for target, source in zip(kept.parameters(), model.parameters(), strict=True):
+                target.copy_(source)
+            return kept
+        copied = copy.deepcopy(model).eval().requires_grad_(False)
+        for parameter in copied.parameters():
+            parameter.data = parameter.data.to(dtype)
+        return copied
+
+
 @dataclass
 class RolloutWeights:
     """What a decoder keeps between calls, valid for the weights it was made from:
@@ -91,8 +134,10 @@ class HFDecoder:
         kv_cache: str,
         compile_decode: bool,
         rollout_dtype: torch.dtype | None,
+        cast_copies: CastCopies | None = None,
     ):
         self.policy = policy
+        self.cast_copies = CastCopies() if cast_copies is None else cast_copies
         self.kv_cache = kv_cache
         self.compile_decode = compile_decode
         self.rollout_dtype = rollout_dtype
@@ -108,13 +153,12 @@ class HFDecoder:
 
     def rollout_model(self) -> PreTrainedModel:
         """The model that generates and scores at rollout time: the policy's model, or its copy
-        in ``rollout_dtype`` (parameters cast; buffers, e.g. the rotary frequencies, kept),
-        made the first time and refreshed after the weights changed (:func:`weights_version`).
-        A change also drops the kept prompt heads. LoRA agents share one model: they generate
-        on it."""
+        in ``rollout_dtype`` (:class:`CastCopies`: made the first time, refreshed after the
+        weights changed; LoRA agents share the copy of their shared peft model, each routed
+        through its own adapter). A change also drops the kept prompt heads."""
         model = self.policy.model
         state = self._rollout
-        version = tuple((p.data_ptr(), p._version) for p in model.parameters())
+        version = weights_version(model)
         if version == state.version and self.rollout_dtype == state.dtype:
             return state.model or model
         state.heads.clear()
@@ -122,24 +166,8 @@ class HFDecoder:
         if self.rollout_dtype in (None, model.dtype):
             state.model = None
             return model
-        if self.policy.adapter is not None:
-            raise ValueError("a rollout dtype needs fully fine-tuned agents (not model.adapter)")
-        state.model = self._weights_in(self.rollout_dtype, state.model)
+        state.model = self.cast_copies.of(model, self.rollout_dtype)
         return state.model
-
-    def _weights_in(self, dtype: torch.dtype, kept: PreTrainedModel | None) -> PreTrainedModel:
-        """A copy of the model with its parameters in ``dtype``: ``kept`` refreshed in place
-        when it is one on the same device, else a new one."""
-        model = self.policy.model
-        with torch.inference_mode(False), torch.no_grad():  # plain tensors, writable later
-            if kept is not None and kept.device == model.device:
-                for target, source in zip(kept.parameters(), model.parameters(), strict=True):
-                    target.copy_(source)
-                return kept
-            copied = copy.deepcopy(model).eval().requires_grad_(False)
-            for parameter in copied.parameters():
-                parameter.data = parameter.data.to(dtype)
-            return copied
 
     def uses_static_cache(self) -> bool:
         """Whether :meth:`generate` decodes into a preallocated :class:`StaticCache`."""
@@ -162,10 +190,9 @@ class HFDecoder:
         """
         if not prompt_ids:
             return []
-        self.policy.use_own_adapter()
-        return self.decode(
-            self.rollout_model(), prompt_ids, None, max_new_tokens, temperature, generator
-        )
+        model = self.rollout_model()
+        self.policy.use_own_adapter(model)
+        return self.decode(model, prompt_ids, None, max_new_tokens, temperature, generator)
 
     def decode(
         self,
@@ -331,6 +358,7 @@ class HFEngine(RolloutEngine):
         self._decoders: weakref.WeakKeyDictionary[AgentPolicy, HFDecoder] = (
             weakref.WeakKeyDictionary()
         )
+        self._cast_copies = CastCopies()
 
     @classmethod
     def from_config(cls, model_cfg) -> HFEngine:
@@ -342,7 +370,9 @@ class HFEngine(RolloutEngine):
         """``policy``'s decoder (made at its first call, kept while the policy lives)."""
         found = self._decoders.get(policy)
         if found is None:
-            found = HFDecoder(policy, self.kv_cache, self.compile_decode, self.rollout_dtype)
+            found = HFDecoder(
+                policy, self.kv_cache, self.compile_decode, self.rollout_dtype, self._cast_copies
+            )
             self._decoders[policy] = found
         return found
 
@@ -383,7 +413,7 @@ class HFEngine(RolloutEngine):
         names = [batch.policy.adapter for batch in batches for _ in batch.prompt_ids]
         first = self.decoder(batches[0].policy)
         generations = first.decode(
-            first.policy.model, rows, names, max_new_tokens, temperature, generator
+            first.rollout_model(), rows, names, max_new_tokens, temperature, generator
         )
         replies, start = [], 0
         for batch in batches:
