@@ -8,6 +8,7 @@ import contextlib
 import pytest
 import torch
 
+from bidswarm.agents import policy as policy_module
 from bidswarm.agents.models import load_model_and_tokenizer
 from bidswarm.agents.policy import (
     AgentPolicy,
@@ -351,6 +352,51 @@ def test_batched_logprobs_equal_one_at_a_time_and_carry_gradient(agent, template
     grads = [p.grad for p in agent.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
+
+
+def gradients(agent: AgentPolicy, prompt_ids, reply_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masked reply log-probs of one forward over the rows, and the gradient of their sum."""
+    agent.model.zero_grad()
+    logprobs, mask = agent.reply_token_logprobs(prompt_ids, reply_ids)
+    (logprobs * mask).sum().backward()
+    grad = torch.cat([p.grad.flatten() for p in agent.parameters() if p.grad is not None])
+    return (logprobs * mask).detach(), grad
+
+
+@pytest.mark.parametrize("adapter", ["full", "lora"])
+def test_a_shared_prompt_head_is_trained_once_with_the_same_logprobs_and_gradients(
+    adapter, monkeypatch
+):
+    torch.manual_seed(0)
+    agent = Population.build(tiny_config(adapter=adapter), ROLES, 1, corpus())[1]
+    with torch.no_grad():  # replies that vary from token to token (LoRA: its B is non-zero)
+        for parameter in agent.model.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(0.0, 0.3)
+    prompt_ids = agent.encode_prompts(shared_header_prompts())
+    reply_ids = [agent.encode_reply(text) for text in [" 0.6", " mine stone", "", " chop a tree"]]
+    reply_ids = (reply_ids * 2)[: len(prompt_ids)]
+    head = agent.prompt_head_length(prompt_ids)
+    assert head >= policy_module.MIN_TRAINED_PROMPT_HEAD
+    assert agent.forward_row_tokens(prompt_ids, reply_ids) == [
+        len(p) + len(r) - head for p, r in zip(prompt_ids, reply_ids, strict=True)
+    ]
+    longest = max(len(p) + len(r) for p, r in zip(prompt_ids, reply_ids, strict=True))
+    with forward_input_shapes(agent) as shapes:
+        once, grad_once = gradients(agent, prompt_ids, reply_ids)
+    assert [tuple(shape) for shape in shapes] == [(1, head), (len(prompt_ids), longest - head)]
+    monkeypatch.setattr(policy_module, "MIN_TRAINED_PROMPT_HEAD", 10**6)
+    assert agent.prompt_head_length(prompt_ids) == 0
+    full, grad_full = gradients(agent, prompt_ids, reply_ids)
+    torch.testing.assert_close(once, full, atol=1e-5, rtol=0)
+    assert float((grad_once - grad_full).norm() / grad_full.norm()) < 1e-5  # float rounding
+
+
+def test_no_prompt_head_under_activation_checkpointing(agent):
+    prompt_ids = agent.encode_prompts(shared_header_prompts())
+    assert agent.prompt_head_length(prompt_ids) > 0
+    agent.model.gradient_checkpointing_enable()
+    assert agent.prompt_head_length(prompt_ids) == 0  # the layers would drop the head's cache
 
 
 def test_logprobs_of_sampled_replies_match_the_sampling_distribution(agent, template, decoder):

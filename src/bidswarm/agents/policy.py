@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from bidswarm.agents.flops import ParameterCounts
 from bidswarm.envs.base import role_name
@@ -64,6 +65,11 @@ def shared_prefix_length(sequences: list[list[int]]) -> int:
     while length < shortest - 1 and all(s[length] == sequences[0][length] for s in sequences):
         length += 1
     return length
+
+
+MIN_TRAINED_PROMPT_HEAD = 32
+"""A forward over rows whose prompts all start with at least this many equal tokens computes
+that prompt head once (:meth:`AgentPolicy.prompt_head_length`)."""
 
 
 def micro_batches(lengths: Sequence[int], token_budget: int | None) -> list[range]:
@@ -200,6 +206,31 @@ class AgentPolicy(torch.nn.Module):
         """Token ids of a supervised reply, ending with end-of-sequence."""
         return [*self.tokenizer(reply_text, add_special_tokens=False)["input_ids"], self.eos_id]
 
+    def prompt_head_length(self, prompt_ids: list[list[int]]) -> int:
+        """Tokens at the start of every prompt of ``prompt_ids`` that one forward over them
+        computes once, for one row, and the rows' remaining tokens attend to (0: none): their
+        shared prefix (a chat template's system turn, the task and role text), leaving at least
+        one prompt token per row, when it is at least :data:`MIN_TRAINED_PROMPT_HEAD` long. The
+        same log-probs and gradients as a forward of every row in full, up to float rounding;
+        never under activation checkpointing, which drops the keys and values a layer is given."""
+        if len(prompt_ids) < 2 or any(
+            layer.gradient_checkpointing
+            for layer in self.model.modules()
+            if isinstance(layer, GradientCheckpointingLayer)
+        ):
+            return 0
+        length = shared_prefix_length(prompt_ids)
+        return length if length >= MIN_TRAINED_PROMPT_HEAD else 0
+
+    def forward_row_tokens(
+        self, prompt_ids: list[list[int]], reply_ids: list[list[int]]
+    ) -> list[int]:
+        """What a forward over these rows computes per row, in tokens: prompt and reply, less
+        the prompt head computed once (:meth:`prompt_head_length`): the unit in which the
+        learners' micro-batches (:func:`micro_batches`) bound a forward's memory."""
+        head = self.prompt_head_length(prompt_ids)
+        return [len(p) + len(r) - head for p, r in zip(prompt_ids, reply_ids, strict=True)]
+
     def reply_token_logprobs(
         self,
         prompt_ids: list[list[int]],
@@ -245,12 +276,15 @@ class AgentPolicy(torch.nn.Module):
             empty = torch.zeros((len(reply_ids), 0), device=self.device)
             return ReplyScores(empty, empty, empty if entropy else None)
         sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
-        input_ids, attention_mask = left_pad(sequences, self.pad_id, self.device)
+        head = self.prompt_head_length(prompt_ids)
+        input_ids, row_mask = left_pad([s[head:] for s in sequences], self.pad_id, self.device)
+        cache = self._prompt_head_cache(model, prompt_ids[0][:head], len(sequences))
         out = model(
             input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions_from_mask(attention_mask),
-            use_cache=False,
+            attention_mask=torch.cat([row_mask.new_ones(len(sequences), head), row_mask], 1),
+            position_ids=head + positions_from_mask(row_mask),
+            past_key_values=cache,
+            use_cache=cache is not None,
             logits_to_keep=self.logits_to_keep(model, input_ids.shape[1], width + 1),
         )
         # Logits at the last width+1 positions; the first width of them predict the last width
@@ -267,6 +301,30 @@ class AgentPolicy(torch.nn.Module):
             right_aligned_entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
             token_entropy = right_aligned_entropy.gather(1, index) * mask
         return ReplyScores(right_aligned.gather(1, index) * mask, mask, token_entropy)
+
+    def _prompt_head_cache(
+        self, model: PreTrainedModel, head: list[int], rows: int
+    ) -> DynamicCache | None:
+        """The keys and values of the prompt head ``head`` under ``model`` (one forward of one
+        row, with gradient where grad is on), the same for each of ``rows`` rows; None for an
+        empty head."""
+        if not head:
+            return None
+        one_row = DynamicCache(config=model.config)
+        model(
+            input_ids=torch.tensor([head], device=self.device),
+            position_ids=torch.arange(len(head), device=self.device)[None],
+            past_key_values=one_row,
+            use_cache=True,
+            # Nothing reads these logits: the last position's, gathered (a sliced view would
+            # make the CPU matmul of the output head copy its whole weight).
+            logits_to_keep=torch.tensor([len(head) - 1], device=self.device),
+        )
+        cache = DynamicCache(config=model.config)
+        for index, layer in enumerate(one_row.layers):
+            expanded = (t.expand(rows, -1, -1, -1) for t in (layer.keys, layer.values))
+            cache.update(*expanded, index)
+        return cache
 
     def logits_to_keep(self, model: PreTrainedModel, width: int, keep: int) -> int | Tensor:
         """The ``logits_to_keep`` of a forward of ``width`` positions whose last ``keep`` logits

@@ -300,9 +300,11 @@ class SFTModule(L.LightningModule):
         loss)`` adds its gradient micro-batch by micro-batch."""
         reply_tokens = float(sum(len(e.reply_ids) for e in examples))
         total = torch.zeros((), device=agent.device)
-        for part in micro_batches([e.tokens for e in examples], self.cfg.micro_batch_tokens):
+        prompts, replies = [e.prompt_ids for e in examples], [e.reply_ids for e in examples]
+        row_tokens = agent.forward_row_tokens(prompts, replies)
+        for part in micro_batches(row_tokens, self.cfg.micro_batch_tokens):
             logprobs, mask = agent.reply_token_logprobs(
-                [examples[i].prompt_ids for i in part], [examples[i].reply_ids for i in part]
+                [prompts[i] for i in part], [replies[i] for i in part]
             )
             loss = -(logprobs * mask).sum() / reply_tokens
             backward(index, loss)

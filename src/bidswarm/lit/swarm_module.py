@@ -309,7 +309,8 @@ class SwarmModule(L.LightningModule):
         kl_on, entropy_on = self.rl.kl_coef > 0, self.rl.entropy_coef > 0
         total = torch.zeros((), device=policy.device)
         kl_total, entropy_total = torch.zeros(()), torch.zeros(())
-        for part in micro_batches(batch.row_tokens, self.rl.micro_batch_tokens):
+        row_tokens = policy.forward_row_tokens(batch.prompt_ids, batch.reply_ids)
+        for part in micro_batches(row_tokens, self.rl.micro_batch_tokens):
             prompts = [batch.prompt_ids[i] for i in part]
             replies = [batch.reply_ids[i] for i in part]
             scores = policy.reply_token_scores(prompts, replies, self.temperature, entropy_on)
@@ -372,7 +373,10 @@ class SwarmModule(L.LightningModule):
         total = torch.zeros((), device=policy.device)
         kl_on, kl_total = self.rl.kl_coef > 0, torch.zeros(())
         # A pair is two rows of one forward: half the budget per pair row.
-        for part in micro_batches(batch.row_tokens, self.rl.micro_batch_tokens // 2):
+        pairs = zip(batch.preferred_ids, batch.rejected_ids, strict=True)
+        longer = [max(w, r, key=len) for w, r in pairs]
+        row_tokens = policy.forward_row_tokens(batch.prompt_ids, longer)
+        for part in micro_batches(row_tokens, self.rl.micro_batch_tokens // 2):
             prompts = [batch.prompt_ids[i] for i in part] * 2
             replies = [batch.preferred_ids[i] for i in part] + [batch.rejected_ids[i] for i in part]
             logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)
