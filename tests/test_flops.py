@@ -10,6 +10,7 @@ from bidswarm.agents.models import load_model_and_tokenizer
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import Population
 from bidswarm.lit.sft import AgentPlan, SFTExample, sft_budget
+from bidswarm.rollout.batches import ActionBatch
 from bidswarm.rollout.swarm import _generated_tokens
 from bidswarm.rollout.usage import Usage
 from test_agents import (
@@ -83,7 +84,7 @@ def test_sft_flops_follow_the_same_rate():
     population = Population.build(config, ROLES, replicas=1, corpus=corpus())
     examples = [SFTExample([1] * 7, [2] * 3, "action"), SFTExample([1] * 4, [2], "bid")]
     plan = AgentPlan(examples, stream=[0, 1, 0], batch_size=2)  # 10 + 5 + 10 tokens
-    budget = sft_budget(population, [plan] * len(population))
+    budget = sft_budget(population, [plan] * len(population), None)
     vocab = len(population[0].tokenizer)
     base = llama_weights(vocab, population[0].model.config.tie_word_embeddings)
     per_agent = 25 * (4 * base + 6 * adapter_weights(config.lora.rank))
@@ -108,3 +109,28 @@ def test_a_prompt_prefix_computed_once_is_counted_once():
     every_row = sum(len(p) for p in rows) + sum(len(g.reply_ids) for g in apart)
     assert _generated_tokens(apart) == every_row
     assert _generated_tokens(shared) == every_row - (len(rows) - 1) * prefix
+
+
+def test_a_prompt_head_the_learner_computes_once_is_counted_once():
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(tiny_config(), corpus())
+    agent = AgentPolicy(model, tokenizer, "logger", max_prompt_tokens=768)
+    prompts = agent.encode_prompts(shared_header_prompts())
+    replies = [agent.encode_reply(text) for text in ["chop a tree", "0.8", "mine stone"]]
+    replies = (replies * 3)[: len(prompts)]
+    rows = len(prompts)
+    head = agent.prompt_head_length(prompts)
+    every_row = sum(len(p) + len(r) for p, r in zip(prompts, replies, strict=True))
+    once = every_row - (rows - 1) * head
+    assert head > 0 and agent.forward_tokens(prompts, replies) == once
+    batch = ActionBatch(0, prompts, replies, [1.0] * rows, [0] * rows, [()] * rows)
+    assert batch.learner_tokens(agent, None) == once
+    two_rows = 2 * max(agent.forward_row_tokens(prompts, replies))
+    forwards = batch.forwards(agent, two_rows)
+    assert len(forwards) == -(-rows // 2)
+    counted = batch.learner_tokens(agent, two_rows)
+    assert counted == sum(agent.forward_tokens(f.prompt_ids, f.reply_ids) for f in forwards)
+    assert counted > once  # a head per forward (a forward of one row computes it in full)
+    examples = [SFTExample(p, r, "action") for p, r in zip(prompts, replies, strict=True)]
+    plan = AgentPlan(examples, stream=list(range(rows)), batch_size=rows)
+    assert plan.forward_tokens(agent, None) == once

@@ -174,12 +174,13 @@ def test_action_passes_give_the_monolithic_agent_each_action_as_often_as_its_rol
     for plan in plans[:3]:
         bids = [i for i, e in enumerate(plan.examples) if e.kind == "bid"]
         assert len(bids) == 30 and all(Counter(plan.stream)[i] == 3 for i in bids)
-    budget = sft_budget(population, plans)
+    budget = sft_budget(population, plans, None)
     for index, plan in enumerate(plans):
         name = f"agent{index}_{population[index].role or 'monolithic'}"
         tokens = budget[f"sft/action_tokens/{name}"] + budget[f"sft/bid_tokens/{name}"]
         assert tokens == plan.trained_tokens > 0
         params = sum(p.numel() for p in population[index].parameters())
+        assert plan.forward_tokens(population[index], None) == plan.trained_tokens  # no head
         assert budget[f"sft/flops/{name}"] == 6.0 * params * plan.trained_tokens
     assert budget["sft/bid_tokens/agent3_monolithic"] == 0
     assert budget["sft/bid_tokens"] == sum(plan.trained_tokens_of("bid") for plan in plans)

@@ -120,7 +120,9 @@ def test_credit_is_the_collectors_step_and_batches_are_per_agent(module):
     assert batches[1].decisions == [1, 0, 1]  # each row's decision index
     assert discarded == pytest.approx((first_lost + second_lost) / 2)
     rows = zip(batches[1].prompt_ids, batches[1].reply_ids, strict=True)
-    assert batches[1].tokens == sum(len(p) + len(r) for p, r in rows)
+    policy = module.population.agents[1]
+    assert policy.prompt_head_length(batches[1].prompt_ids) == 0  # compact prompts: none
+    assert batches[1].learner_tokens(policy, None) == sum(len(p) + len(r) for p, r in rows)
 
 
 def test_the_collector_hands_over_batches_metrics_and_counts_what_it_trains(module):
@@ -134,7 +136,9 @@ def test_the_collector_hands_over_batches_metrics_and_counts_what_it_trains(modu
             isinstance(b, ActionBatch) for b in action.batches
         )
         # The update's own counts (the learner sums them over processes into the run's).
-        assert action.usage.train_tokens == sum(b.tokens for b in action.batches)
+        budget, agents = collector.rl.micro_batch_tokens, module.population.agents
+        learned = sum(b.learner_tokens(agents[b.agent], budget) for b in action.batches)
+        assert action.usage.train_tokens == learned
         assert action.usage.rollout_tokens > 0 and action.usage.bids_made > 0
         assert collector.loop.swarm.usage is kept and kept.as_dict() == counted_before
         assert action.metrics["episodes"] == 2.0 and "credit/discarded" in action.metrics
@@ -247,7 +251,7 @@ OPTIONS = {
 @pytest.mark.parametrize("normalization", ["token_mean", "sequence_sum"])
 def test_micro_batched_action_update_equals_the_whole_batch(module, rl, normalization, options):
     batch = action_batch(module)
-    widest = max(batch.row_tokens)
+    widest = max(len(p) + len(r) for p, r in zip(batch.prompt_ids, batch.reply_ids, strict=True))
     settings = {"loss_normalization": normalization, **OPTIONS[options]}
     means = [4.0, None, 0.5, None, 1.0, 2.0, None, 3.0]  # role_decision_mean's group means
 
@@ -298,7 +302,8 @@ def test_micro_batched_bid_update_equals_the_whole_batch(module, rl, weights, kl
     with references_of(module):
         module.rl = RLConfig(micro_batch_tokens=10**9, kl_coef=kl_coef)
         whole = gradient_of(module, loss_of, batch)
-        budget = 2 * 2 * max(batch.row_tokens)  # two pairs (four rows) per forward
+        longest = max(len(p) + len(w) for p, w in zip(prompt_ids, batch.preferred_ids, strict=True))
+        budget = 2 * 2 * longest  # two pairs (four rows) per forward
         module.rl = RLConfig(micro_batch_tokens=budget, kl_coef=kl_coef)
         with forward_tokens(module) as forwards:
             split = gradient_of(module, loss_of, batch)
@@ -861,7 +866,10 @@ def test_the_kl_references_forwards_are_counted_as_scored_tokens(module):
     plain, penalised = ledgers[0.0], ledgers[0.5]
     assert {agent for agent, _ in forwarded} == {1, 2}
     tokens = sum(n for _, n in forwarded)
-    assert tokens == sum(b.tokens for b in batches)
+    budget = RLConfig().micro_batch_tokens
+    assert tokens == sum(
+        b.learner_tokens(module.population.agents[b.agent], budget) for b in batches
+    )
     flops = sum(
         2 * sum(p.numel() for p in module.population.agents[agent].parameters()) * n
         for agent, n in forwarded

@@ -231,6 +231,14 @@ class AgentPolicy(torch.nn.Module):
         head = self.prompt_head_length(prompt_ids)
         return [len(p) + len(r) - head for p, r in zip(prompt_ids, reply_ids, strict=True)]
 
+    def forward_tokens(self, prompt_ids: list[list[int]], reply_ids: list[list[int]]) -> int:
+        """Tokens one forward over these rows computes: its prompt head once and each row's
+        remaining tokens (what the FLOP ledger counts, as it counts a generation batch's
+        shared prompt prefix once)."""
+        return self.prompt_head_length(prompt_ids) + sum(
+            self.forward_row_tokens(prompt_ids, reply_ids)
+        )
+
     def reply_token_logprobs(
         self,
         prompt_ids: list[list[int]],

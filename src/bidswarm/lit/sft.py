@@ -150,6 +150,19 @@ def token_matched_stream(examples: list[SFTExample], budget: int, rng: random.Ra
     return stream
 
 
+def example_forwards(
+    agent: AgentPolicy, examples: list[SFTExample], token_budget: int | None
+) -> list[tuple[list[list[int]], list[list[int]]]]:
+    """The forwards of ``agent`` over one step's ``examples``, as (prompts, replies): consecutive
+    examples whose forward stays within ``token_budget`` tokens (:func:`micro_batches` of
+    :meth:`AgentPolicy.forward_row_tokens`)."""
+    prompts, replies = [e.prompt_ids for e in examples], [e.reply_ids for e in examples]
+    return [
+        ([prompts[i] for i in part], [replies[i] for i in part])
+        for part in micro_batches(agent.forward_row_tokens(prompts, replies), token_budget)
+    ]
+
+
 @dataclass
 class AgentPlan:
     """What one agent trains on: its examples, their order, and its batches."""
@@ -177,6 +190,15 @@ class AgentPlan:
     @property
     def loss_tokens(self) -> int:
         return sum(len(self.examples[index].reply_ids) for index in self.stream)
+
+    def forward_tokens(self, agent: AgentPolicy, token_budget: int | None) -> int:
+        """Tokens the forwards over every batch of the plan compute (:func:`example_forwards`;
+        a prompt head the rows of a forward share counted once): what ``sft/flops`` counts."""
+        return sum(
+            agent.forward_tokens(prompts, replies)
+            for step in range(self.steps)
+            for prompts, replies in example_forwards(agent, self.batch(step), token_budget)
+        )
 
     def trained_tokens_of(self, kind: str) -> int:
         """Prompt + reply tokens of the ``kind`` (``action`` or ``bid``) examples trained on."""
@@ -215,19 +237,21 @@ def plan_sft(
     return plans
 
 
-def sft_budget(population: Population, plans: list[AgentPlan]) -> dict[str, float]:
+def sft_budget(
+    population: Population, plans: list[AgentPlan], token_budget: int | None
+) -> dict[str, float]:
     """What SFT spends, per agent and in total: ``sft/action_tokens`` and ``sft/bid_tokens``
     (prompt + reply tokens trained on, by demonstration kind) and ``sft/flops`` (training FLOPs
-    per token x trained tokens: 6 x parameters, 4 x base + 6 x adapter under LoRA,
-    :mod:`bidswarm.agents.flops`, as the RL ledger counts them); each as
-    ``<name>/<agent>`` and ``<name>`` (the sum over agents)."""
+    per token x the tokens the forwards compute, :meth:`AgentPlan.forward_tokens`: 6 x
+    parameters, 4 x base + 6 x adapter under LoRA, :mod:`bidswarm.agents.flops`, as the RL
+    ledger counts them); each as ``<name>/<agent>`` and ``<name>`` (the sum over agents)."""
     budget: dict[str, float] = {name: 0.0 for name in names.SFT_BUDGET}
     for index, (agent, plan) in enumerate(zip(population, plans, strict=True)):
         per_token = agent.parameter_counts().train_flops_per_token
         spent = {
             names.SFT_ACTION_TOKENS: float(plan.trained_tokens_of("action")),
             names.SFT_BID_TOKENS: float(plan.trained_tokens_of("bid")),
-            names.SFT_FLOPS: per_token * plan.trained_tokens,
+            names.SFT_FLOPS: per_token * plan.forward_tokens(agent, token_budget),
         }
         for name, value in spent.items():
             budget[f"{name}/{agent_folder_name(index, agent.role)}"] = value
@@ -300,12 +324,8 @@ class SFTModule(L.LightningModule):
         loss)`` adds its gradient micro-batch by micro-batch."""
         reply_tokens = float(sum(len(e.reply_ids) for e in examples))
         total = torch.zeros((), device=agent.device)
-        prompts, replies = [e.prompt_ids for e in examples], [e.reply_ids for e in examples]
-        row_tokens = agent.forward_row_tokens(prompts, replies)
-        for part in micro_batches(row_tokens, self.cfg.micro_batch_tokens):
-            logprobs, mask = agent.reply_token_logprobs(
-                [prompts[i] for i in part], [replies[i] for i in part]
-            )
+        for prompts, replies in example_forwards(agent, examples, self.cfg.micro_batch_tokens):
+            logprobs, mask = agent.reply_token_logprobs(prompts, replies)
             loss = -(logprobs * mask).sum() / reply_tokens
             backward(index, loss)
             total = total + loss.detach()
@@ -370,7 +390,7 @@ def run_sft(
         result[f"sft/trained_tokens/{name}"] = float(plan.trained_tokens)
         result[f"sft/loss_tokens/{name}"] = float(plan.loss_tokens)
     result["sft/trained_tokens"] = float(sum(plan.trained_tokens for plan in plans))
-    result |= sft_budget(population, plans)
+    result |= sft_budget(population, plans, cfg.micro_batch_tokens)
     # The trainer and the module refer to each other: free the SFT optimizer's states (two
     # copies of every weight) now, not at some later garbage collection, before RL makes its own.
     del trainer, module

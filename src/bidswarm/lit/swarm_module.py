@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from bidswarm import metric_names as names
-from bidswarm.agents.policy import FrozenReference, micro_batches
+from bidswarm.agents.policy import FrozenReference
 from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.losses import (
     Baseline,
@@ -134,13 +134,16 @@ class SwarmModule(L.LightningModule):
     def reference_usage(self, batches: list[ActionBatch] | list[BidBatch]) -> Usage:
         """What the KL penalty's reference forwards cost in an update over ``batches`` (nothing
         when ``rl.kl_coef`` is 0): it scores each row the learner trains on once more, the same
-        tokens (``batch.tokens``), as scored tokens at 2 x the weights it runs through (a full
-        agent's copy: all its weights; a LoRA agent's reference: the base, adapters off)."""
+        tokens (``batch.learner_tokens``), as scored tokens at 2 x the weights it runs through
+        (a full agent's copy: all its weights; a LoRA agent's reference: the base, adapters
+        off)."""
         usage = Usage()
         if self.references is None:
             return usage
         for batch in batches:
-            usage.count_rollout(self.references[batch.agent].parameter_counts(), batch.tokens)
+            policy = self.population.agents[batch.agent]
+            tokens = batch.learner_tokens(policy, self.rl.micro_batch_tokens)
+            usage.count_rollout(self.references[batch.agent].parameter_counts(), tokens)
         return usage
 
     @property
@@ -309,10 +312,7 @@ class SwarmModule(L.LightningModule):
         kl_on, entropy_on = self.rl.kl_coef > 0, self.rl.entropy_coef > 0
         total = torch.zeros((), device=policy.device)
         kl_total, entropy_total = torch.zeros(()), torch.zeros(())
-        row_tokens = policy.forward_row_tokens(batch.prompt_ids, batch.reply_ids)
-        for part in micro_batches(row_tokens, self.rl.micro_batch_tokens):
-            prompts = [batch.prompt_ids[i] for i in part]
-            replies = [batch.reply_ids[i] for i in part]
+        for part, prompts, replies in batch.forwards(policy, self.rl.micro_batch_tokens):
             scores = policy.reply_token_scores(prompts, replies, self.temperature, entropy_on)
             sampled, present = sampled_logprob_rows(
                 [batch.sampled_logprobs[i] for i in part],
@@ -372,13 +372,7 @@ class SwarmModule(L.LightningModule):
         weight_sum = float(weights.sum())
         total = torch.zeros((), device=policy.device)
         kl_on, kl_total = self.rl.kl_coef > 0, torch.zeros(())
-        # A pair is two rows of one forward: half the budget per pair row.
-        pairs = zip(batch.preferred_ids, batch.rejected_ids, strict=True)
-        longer = [max(w, r, key=len) for w, r in pairs]
-        row_tokens = policy.forward_row_tokens(batch.prompt_ids, longer)
-        for part in micro_batches(row_tokens, self.rl.micro_batch_tokens // 2):
-            prompts = [batch.prompt_ids[i] for i in part] * 2
-            replies = [batch.preferred_ids[i] for i in part] + [batch.rejected_ids[i] for i in part]
+        for part, prompts, replies in batch.forwards(policy, self.rl.micro_batch_tokens):
             logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)
             summed = (logp * mask).sum(dim=1)
             n = len(part)

@@ -10,11 +10,22 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.memory_credit import episode_reads
 from bidswarm.rollout.records import Episode, PreferencePair
+
+
+class Forward(NamedTuple):
+    """One forward of the learner over a batch: which of the batch's rows (or pairs) it holds,
+    and the prompts and replies it computes."""
+
+    part: range
+    prompt_ids: list[list[int]]
+    reply_ids: list[list[int]]
 
 
 @dataclass(frozen=True)
@@ -30,15 +41,22 @@ class ActionBatch:
     decisions: list[int]
     sampled_logprobs: list[tuple[float, ...]]
 
-    @property
-    def row_tokens(self) -> list[int]:
-        """Prompt + reply tokens of each row (what a learner forward over the row sees)."""
-        return [len(p) + len(r) for p, r in zip(self.prompt_ids, self.reply_ids, strict=True)]
+    def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
+        """The learner's forwards over this batch: consecutive rows whose forward stays within
+        ``token_budget`` tokens (:func:`micro_batches` of
+        :meth:`AgentPolicy.forward_row_tokens`)."""
+        rows = policy.forward_row_tokens(self.prompt_ids, self.reply_ids)
+        return [
+            Forward(part, [self.prompt_ids[i] for i in part], [self.reply_ids[i] for i in part])
+            for part in micro_batches(rows, token_budget)
+        ]
 
-    @property
-    def tokens(self) -> int:
-        """Tokens the learner forwards."""
-        return sum(self.row_tokens)
+    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
+        """Tokens the learner's forwards over this batch compute (the FLOP ledger's)."""
+        return sum(
+            policy.forward_tokens(f.prompt_ids, f.reply_ids)
+            for f in self.forwards(policy, token_budget)
+        )
 
 
 @dataclass(frozen=True)
@@ -56,20 +74,29 @@ class BidBatch:
     tied: list[bool]
     """Per pair, whether its fork tied (label 1/2, ``rl.bt_ties=half_label``)."""
 
-    @property
-    def row_tokens(self) -> list[int]:
-        """Per pair, the tokens of its longer row (prompt + preferred or rejected reply)."""
+    def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
+        """The learner's forwards over this batch: a pair is two rows of one forward (its
+        prompt with the preferred reply, then with the rejected one: the rows of a forward are
+        its pairs' preferred rows, then their rejected rows), so consecutive pairs whose longer
+        row fits half of ``token_budget`` per row (:func:`micro_batches`)."""
+        pairs = zip(self.preferred_ids, self.rejected_ids, strict=True)
+        longer = [max(preferred, rejected, key=len) for preferred, rejected in pairs]
+        rows = policy.forward_row_tokens(self.prompt_ids, longer)
+        half = None if token_budget is None else token_budget // 2
         return [
-            len(p) + max(len(w), len(r))
-            for p, w, r in zip(self.prompt_ids, self.preferred_ids, self.rejected_ids, strict=True)
+            Forward(
+                part,
+                [self.prompt_ids[i] for i in part] * 2,
+                [self.preferred_ids[i] for i in part] + [self.rejected_ids[i] for i in part],
+            )
+            for part in micro_batches(rows, half)
         ]
 
-    @property
-    def tokens(self) -> int:
-        """Tokens the learner forwards: each prompt twice, both replies."""
+    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
+        """Tokens the learner's forwards over this batch compute (the FLOP ledger's)."""
         return sum(
-            2 * len(p) + len(w) + len(r)
-            for p, w, r in zip(self.prompt_ids, self.preferred_ids, self.rejected_ids, strict=True)
+            policy.forward_tokens(f.prompt_ids, f.reply_ids)
+            for f in self.forwards(policy, token_budget)
         )
 
 

@@ -167,7 +167,10 @@ class Collector:
             batches = preference_batches(pairs)
             metrics |= stats.as_metrics()
         for batch in batches:
-            swarm.count_trained(batch.agent, batch.tokens)
+            policy = swarm.population[batch.agent]
+            swarm.count_trained(
+                batch.agent, batch.learner_tokens(policy, self.rl.micro_batch_tokens)
+            )
         metrics |= self.updates_made(update)
         metrics |= {names.UPDATE: float(update), names.UPDATE_IS_BID: float(kind == UpdateKind.bid)}
         metrics |= {names.seconds(phase): value for phase, value in timings.items()}
