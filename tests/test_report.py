@@ -459,10 +459,10 @@ def test_the_command_of_an_evaluation_sweep_counts_its_folders_and_quotes_values
         }
         client.create_run(experiment, tags=tags)
     runs = client.search_runs([experiment])
-    assert provenance.sweep_command(runs) == (
+    assert provenance.sweep_commands(runs) == [
         "python -m bidswarm.evaluate -m experiment=table2 "
         "run_dir=<2 folders in /r/multirun> coordination=auction,agentnet"
-    )
+    ]
     assert provenance.commits(runs) == ["0123456-dirty"]
     client.create_run(experiment)  # a run from before the tags: counted, not guessed
     text = provenance.provenance(client.search_runs([experiment]))
@@ -474,10 +474,30 @@ def test_the_command_of_an_evaluation_sweep_counts_its_folders_and_quotes_values
     )
     # one folder is named, quoted as Hydra needs it (its name holds '=' and ',')
     single = [r for r in runs if "0_seed=0,a=b" in r.data.tags[tracking.OVERRIDES_TAG]]
-    assert provenance.sweep_command(single) == (
+    assert provenance.sweep_commands(single) == [
         "python -m bidswarm.evaluate -m experiment=table2 run_dir='/r/multirun/0_seed=0,a=b' "
         "coordination=auction,agentnet"
-    )
+    ]
+
+
+def test_arms_that_set_other_keys_get_a_command_each(tmp_path):
+    """Two sweeps of one experiment, one over ``rl.fork_tie_break``, the other setting
+    ``rl.fork_selection``: one cartesian command would make arms that never ran and drop one
+    that did."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("x")
+    arms = ["rl.fork_tie_break=false", "rl.fork_tie_break=true", "rl.fork_selection=open_reward"]
+    for arm in arms:
+        for seed in (0, 1):
+            tags = {tracking.OVERRIDES_TAG: f"experiment=long_horizon seed={seed} {arm}"}
+            client.create_run(experiment, tags=tags)
+    start = "python -m bidswarm.train -m experiment=long_horizon seed=0,1"
+    assert provenance.sweep_commands(client.search_runs([experiment])) == [
+        f"{start} rl.fork_tie_break=false,true",
+        f"{start} rl.fork_selection=open_reward",
+    ]
 
 
 def test_rl_gain_and_participation_shift_per_strategy():
