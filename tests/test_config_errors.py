@@ -147,7 +147,7 @@ INVALID = [
     (["sft.weight_decay=-0.1"], "sft.weight_decay", "-0.1", ">= 0"),
     (["model.sft_lr=nan"], "model.sft_lr", "nan", "finite"),
     # rl
-    (["rl.cycles=0"], "rl.cycles", "0", ">= 1"),
+    (["rl.cycles=-1"], "rl.cycles", "-1", ">= 0"),
     (["rl.lr=0"], "rl.lr", "0.0", "> 0"),
     (["rl.lr=inf"], "rl.lr", "inf", "finite"),
     (["rl.envs_per_update=0"], "rl.envs_per_update", "0", "n_train_seeds"),
@@ -274,7 +274,7 @@ def test_judge_key_variable_must_be_set(monkeypatch):
 
 
 def test_every_problem_is_listed_at_once():
-    cfg = compose_train(["sft.lr=-1", "rl.cycles=0", "model.tiny.hidden_size=63"])
+    cfg = compose_train(["sft.lr=-1", "rl.cycles=-1", "model.tiny.hidden_size=63"])
     with pytest.raises(ConfigError) as error:
         validate(cfg)
     for key in ("sft.lr", "rl.cycles", "model.tiny.hidden_size"):

@@ -15,8 +15,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from pettingzoo.test import api_test, parallel_api_test
 
-from bidswarm.algorithms.auction import run_auction
-from bidswarm.coordination.base import PAPER_BID_LEVELS
+from bidswarm.algorithms.auction import PAPER_BID_LEVELS, run_auction
 from bidswarm.envs import MONOLITHIC, TASKS, env_class
 from bidswarm.envs import gymnasium as bidswarm_gymnasium
 from bidswarm.envs import pettingzoo as bidswarm_pettingzoo

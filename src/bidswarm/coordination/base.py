@@ -23,11 +23,9 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
+from bidswarm.algorithms.auction import PAPER_BID_LEVELS
 from bidswarm.checks import Allowed, Parameter, at_least, parameter_problems
 from bidswarm.envs.experts import format_bid
-
-PAPER_BID_LEVELS: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8)
-"""The quantized bids of PAPER.md section 2: every rule's default ``bid_levels``."""
 
 
 @dataclass

@@ -31,8 +31,7 @@ import numpy as np
 from gymnasium.spaces import Text
 from pettingzoo import AECEnv, ParallelEnv
 
-from bidswarm.algorithms.auction import run_auction
-from bidswarm.coordination.base import PAPER_BID_LEVELS
+from bidswarm.algorithms.auction import PAPER_BID_LEVELS, run_auction
 from bidswarm.envs.base import MONOLITHIC, StepResult, TextEnv, world_seed
 from bidswarm.envs.experts import parse_bid
 from bidswarm.envs.interop import (
