@@ -493,9 +493,12 @@ def test_arms_that_set_other_keys_get_a_command_each(tmp_path):
         for seed in (0, 1):
             tags = {tracking.OVERRIDES_TAG: f"experiment=long_horizon seed={seed} {arm}"}
             client.create_run(experiment, tags=tags)
+    # the same keys written in another order are the same sweep shape
+    tags = {tracking.OVERRIDES_TAG: "experiment=long_horizon rl.fork_tie_break=true seed=2"}
+    client.create_run(experiment, tags=tags)
     start = "python -m bidswarm.train -m experiment=long_horizon seed=0,1"
     assert provenance.sweep_commands(client.search_runs([experiment])) == [
-        f"{start} rl.fork_tie_break=false,true",
+        f"{start},2 rl.fork_tie_break=false,true",
         f"{start} rl.fork_selection=open_reward",
     ]
 
