@@ -34,13 +34,13 @@ def recorded_overrides(runs: list[Run]) -> dict[str, list[str]]:
 
 def sweep_commands(runs: list[Run]) -> list[str]:
     """``python -m bidswarm.train -m k=v1,v2 ...``, one per sweep shape: runs started with the
-    same override keys (in any order) share a command, each key once with its values in the order the runs
-    first used them, so that one sweep remakes those runs (seeds and arms that ran as separate
-    sweeps of the same keys included); arms that set other keys (``rl.fork_tie_break=...`` in
-    one sweep, ``rl.fork_selection=...`` in another) get a command each, in the order the runs
-    first used them. Evaluation runs give ``python -m bidswarm.evaluate -m``; several folders
-    (``run_dir``) are counted here and listed by :func:`folder_lists`. Empty when no run
-    recorded its overrides."""
+    same override keys (in any order) share a command, each key once with its values in the
+    order the runs first used them, so that one sweep remakes those runs (seeds and arms that
+    ran as separate sweeps of the same keys included); arms that set other keys
+    (``rl.fork_tie_break=...`` in one sweep, ``rl.fork_selection=...`` in another) get a
+    command each, in the order the runs first used them. Evaluation runs give ``python -m
+    bidswarm.evaluate -m``; several folders (``run_dir``) are counted here and listed by
+    :func:`folder_lists`. Empty when no run recorded its overrides."""
     shapes: dict[frozenset[str], list[Run]] = {}
     for run in _recorded(runs):
         shapes.setdefault(frozenset(key for key, _ in _overrides(run)), []).append(run)
