@@ -469,3 +469,21 @@ def test_yaml_composes_onto_the_schema():
 def test_bad_values_fail_naming_the_key(change, key, cache_dir):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         ResearchEnv(ResearchConfig(cache_dir=cache_dir, **change))
+
+
+@pytest.mark.parametrize("chosen", [None, "cuda"])
+def test_the_search_index_keeps_jax_off_the_gpu_unless_the_user_chose(chosen):
+    """bm25s runs JAX at import when JAX is installed; left alone, JAX's GPU backend takes 75%
+    of the GPU for its pool. Importing our search module pins JAX to the CPU, and keeps a
+    platform the user set."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if chosen:
+        env["JAX_PLATFORMS"] = chosen
+    code = "import os, bidswarm.envs.research.search; print(os.environ['JAX_PLATFORMS'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (chosen or "cpu")

@@ -8,11 +8,17 @@ dict (an index, and an environment holding one, pickles).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
 
-import bm25s
+# bm25s runs a JAX top-k when it is imported, if JAX is installed: JAX's GPU backend would then
+# take 75% of the GPU's memory for its own pool (measured on an H200: 105 of 140 GiB, and the
+# 4B agents' update ran out of memory). Its top-k of one query is CPU work; a JAX_PLATFORMS the
+# user set is kept.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import bm25s  # noqa: E402
 
 from bidswarm.envs.research.corpus import Document, corpus_fingerprint
 
