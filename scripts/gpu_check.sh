@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
-# one go (at most 10.8 minutes: the stages' limits), ending with one JSON summary on stdout:
+# one go (at most 13.5 minutes: the stages' limits), ending with one JSON summary on stdout:
 #
 #   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
+#   GPU_CHECK_STAGES="environment strategies engine" bash scripts/gpu_check.sh   # a subset
+#
+# Where one command may run 10 minutes at most, run it in two calls: the subset above (6.3
+# minutes), then GPU_CHECK_STAGES="memory_full memory_lora vllm" (7.2 minutes at most).
 #
 # 1. environment: GPU, driver memory, torch / transformers / lightning / deepspeed / peft;
 # 2. strategies: `pytest -m gpu tests/test_strategies.py`: debug=smoke with trainer=gpu,
@@ -44,9 +48,13 @@ if [ -d .whl ]; then  # scripts/gpu_wheels.sh: first on the path, the image's pa
     > "$DIR/offline_install.log" 2>&1 && export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
 
+STAGES=${GPU_CHECK_STAGES:-environment strategies memory_full memory_lora engine vllm}
+wanted() { [[ " $STAGES " == *" $1 "* ]]; }
+
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/NAME.log
   local name=$1 limit=$2 start rc
   shift 2
+  wanted "$name" || return 0
   start=$(date +%s)
   echo "[gpu_check] $name (limit ${limit}s)" >&2
   timeout "$limit" "$@" > "$DIR/$name.log" 2>&1
@@ -55,7 +63,7 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/N
   grep "^{" "$DIR/$name.log" | tail -n 1 > "$DIR/$name.last"  # the last JSON line
 }
 
-stage environment 20 "$PY" - <<'PY'
+stage environment 60 "$PY" - <<'PY'
 import importlib, json, torch
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": None}
 if torch.cuda.is_available():
@@ -68,7 +76,8 @@ for name in ["transformers", "lightning", "deepspeed", "peft", "hydra", "mlflow"
         info[name] = f"missing: {type(error).__name__}: {error}"[:200]
 print(json.dumps(info))
 PY
-stage strategies 200 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA \
+# Each test has 60 s (pytest-timeout), so a hanging one fails with its reason in the log.
+stage strategies 200 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA --timeout=60 \
   --junitxml="$DIR/strategies.xml" tests/test_strategies.py
 # Without CUDA the memory and engine stages run only when asked for with small models
 # (GPU_CHECK_MODEL=tiny GPU_CHECK_ENGINE_MODEL=tiny: a check of this script itself).
@@ -79,8 +88,8 @@ else
 fi
 MODEL=${GPU_CHECK_MODEL:-llama_4b}
 if [ "$DEVICE" = cuda ] || [ -n "${GPU_CHECK_MODEL:-}" ]; then
-  stage memory_full 90 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
-  stage memory_lora 40 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
+  stage memory_full 150 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 3
+  stage memory_lora 100 "$PY" scripts/gpu_memory_probe.py --model "$MODEL" --agents 12 \
     --adapter lora
   stage engine 120 "$PY" scripts/bench_rollout.py --device "$DEVICE" --skip-smollm \
     --tiny-rounds 2 --shape-model "${GPU_CHECK_ENGINE_MODEL:-llama_1b}"
@@ -88,13 +97,14 @@ fi
 VLLM_PY=${BIDSWARM_VLLM_PYTHON:-}
 [ -n "$VLLM_PY" ] || { [ -x .venv-vllm/bin/python ] && VLLM_PY=.venv-vllm/bin/python; }
 [ -n "$VLLM_PY" ] || VLLM_PY=$PY
-if [ "$DEVICE" = cuda ] && "$VLLM_PY" -c "import vllm, torch; assert torch.cuda.is_available()" \
+if wanted vllm && [ "$DEVICE" = cuda ] \
+    && "$VLLM_PY" -c "import vllm, torch; assert torch.cuda.is_available()" \
     > "$DIR/vllm_probe.log" 2>&1; then
   export BIDSWARM_VLLM_PYTHON=$VLLM_PY
   stage vllm 180 "$PY" scripts/bench_rollout.py --device cuda \
     --engines-only --vllm --compare-envs 16 64 --engine-rounds 2 \
     --engine-models "${GPU_CHECK_ENGINE_MODEL:-llama_1b}" --engine-lora
-else
+elif wanted vllm; then
   printf 'vllm\tskipped\t0\n' >> "$DIR/stages.tsv"
 fi
 

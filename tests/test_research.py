@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 import re
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -476,10 +479,6 @@ def test_the_search_index_keeps_jax_off_the_gpu_unless_the_user_chose(chosen):
     """bm25s runs JAX at import when JAX is installed; left alone, JAX's GPU backend takes 75%
     of the GPU for its pool. Importing our search module pins JAX to the CPU, and keeps a
     platform the user set."""
-    import os
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     if chosen:
         env["JAX_PLATFORMS"] = chosen

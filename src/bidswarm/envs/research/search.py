@@ -18,7 +18,7 @@ from pathlib import Path
 # 4B agents' update ran out of memory). Its top-k of one query is CPU work; a JAX_PLATFORMS the
 # user set is kept.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-import bm25s  # noqa: E402
+import bm25s
 
 from bidswarm.envs.research.corpus import Document, corpus_fingerprint
 
