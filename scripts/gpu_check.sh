@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
-# one go (at most 13.5 minutes: the stages' limits), ending with one JSON summary on stdout:
+# one go (at most 15.2 minutes: the stages' limits), ending with one JSON summary on stdout:
 #
 #   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
 #   GPU_CHECK_STAGES="environment strategies engine" bash scripts/gpu_check.sh   # a subset
 #
-# Where one command may run 10 minutes at most, run it in two calls: the subset above (6.3
+# Where one command may run 10 minutes at most, run it in two calls: the subset above (8.0
 # minutes), then GPU_CHECK_STAGES="memory_full memory_lora vllm" (7.2 minutes at most).
 #
 # 1. environment: GPU, driver memory, torch / transformers / lightning / deepspeed / peft;
@@ -76,8 +76,9 @@ for name in ["transformers", "lightning", "deepspeed", "peft", "hydra", "mlflow"
         info[name] = f"missing: {type(error).__name__}: {error}"[:200]
 print(json.dumps(info))
 PY
-# Each test has 60 s (pytest-timeout), so a hanging one fails with its reason in the log.
-stage strategies 200 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA --timeout=60 \
+# Each test has 60 s (pytest-timeout), so a hanging one fails and the summary (-rA) with every
+# failure's reason is printed inside the stage's limit.
+stage strategies 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider -rA --timeout=60 \
   --junitxml="$DIR/strategies.xml" tests/test_strategies.py
 # Without CUDA the memory and engine stages run only when asked for with small models
 # (GPU_CHECK_MODEL=tiny GPU_CHECK_ENGINE_MODEL=tiny: a check of this script itself).
