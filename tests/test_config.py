@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
+
 import lightning  # noqa: F401  (sets its process-wide variables before the leak guard runs)
 import pytest
 from hydra import compose, initialize_config_dir
@@ -253,3 +256,15 @@ def test_trainer_deterministic_reaches_the_trainer(tmp_path):
     cfg = compose_train(["trainer.deterministic=true"])
     run = SimpleNamespace(cfg=cfg, logger=None, run_dir=tmp_path)
     assert Run.trainer_kwargs(run)["deterministic"] is True
+
+
+@pytest.mark.parametrize("entry", ["train", "evaluate"])
+@pytest.mark.parametrize("folder", ["run", "sweep"])
+def test_runs_started_in_the_same_second_get_their_own_folder(entry, folder):
+    """Two runs or sweeps launched together (lanes of a script) must not share Hydra's output
+    folder: the folder's time stamp tells apart two launches a millisecond apart."""
+    pattern = OmegaConf.load(CONF / f"{entry}.yaml").hydra[folder]._get_node("dir")._value()
+    stamps = re.findall(r"\$\{now:([^}]*)\}", pattern)
+    assert stamps, pattern
+    first, second = datetime(2026, 12, 4, 18, 46, 57, 1000), datetime(2026, 12, 4, 18, 46, 57, 2000)
+    assert [first.strftime(s) for s in stamps] != [second.strftime(s) for s in stamps], pattern
