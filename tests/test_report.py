@@ -420,6 +420,7 @@ def test_a_real_two_job_sweep_has_one_parent_and_reports(tmp_path):
         timeout=300,
     )
     assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "Downloading artifacts" not in shown.stderr, "one progress bar per artifact read"
     assert (
         "| debug=smoke,sft.demo_episodes=2,task.max_decisions=8,task.n_heldout_seeds=2 |"
         in (shown.stdout)

@@ -14,6 +14,7 @@ run of its own (:func:`log_report`), and ``--results`` splices it into a markdow
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         "its section for this experiment or sweep; figures are copied beside it",
     )
     args = parser.parse_args(argv)
+    # MLflow draws a progress bar for every artifact it downloads: two per run read here.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking.tracking_uri(args.tracking_uri))
     text = write_report(client, args.parent, args.experiment, args.out, args.reference)
     print(text)
