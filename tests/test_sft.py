@@ -301,3 +301,16 @@ def test_sft_micro_batches_give_the_same_gradient_and_stay_within_the_budget():
     split, forwards = gradient(3 * widest)
     assert len(whole_forwards) == 1 and len(forwards) > 1 and max(forwards) <= 3 * widest
     torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_sft_shows_its_progress_on_stderr(capfd):
+    """A run's SFT bar (``progress=True``) goes to stderr through tqdm, which a log file shows
+    as it moves (Lightning's own bar writes to stdout, held back by a log file's buffer)."""
+    train = expert_demonstrations(8, seed=0)
+    population, template = build(ROLES, train)
+    cfg = SFTConfig(epochs=2, lr=3e-3, batch_size=16)
+    result = run_sft(population, train, template, cfg, {"accelerator": "cpu"}, progress=True)
+    out, err = capfd.readouterr()
+    steps = int(result["sft/steps"])
+    assert steps > 1 and "SFT: 100%" in err and f"{steps}/{steps}" in err, err[-500:]
+    assert "sft/loss=" in err and "SFT" not in out

@@ -1,4 +1,4 @@
-"""Callbacks of the RL trainer: progress, crash-safe checkpoints, stopping on a signal."""
+"""Callbacks of the trainers: progress, crash-safe checkpoints, stopping on a signal."""
 
 from __future__ import annotations
 
@@ -42,6 +42,35 @@ class UpdateProgress(L.Callback):
         last = module.history[-1] if module.history else {}  # a SwarmModule's
         kind = "bid" if last.get("update_is_bid") else "action"
         self.bar.set_postfix(kind=kind, reward=f"{last.get('reward/mean', float('nan')):.1f}")
+        self.bar.update(1)
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class StepProgress(L.Callback):
+    """One progress bar over a one-epoch fit's steps (SFT), with the ``prog_bar`` metrics.
+
+    Our bars (this and :class:`UpdateProgress`) write to stderr through tqdm, which a log file
+    shows as they move; Lightning's own bars write to stdout, which a log file (``nohup``, a
+    SLURM job) buffers, so an hour of SmolLM2 SFT showed nothing until it ended."""
+
+    def __init__(self, description: str):
+        self.description = description
+        self.bar: tqdm | None = None
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.bar = tqdm(total=trainer.num_training_batches, desc=self.description, unit="step")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, module: L.LightningModule, outputs: Any, batch: Any, index: int
+    ) -> None:
+        if self.bar is None:
+            return
+        shown = trainer.progress_bar_metrics
+        self.bar.set_postfix({key: f"{float(value):.3f}" for key, value in shown.items()})
         self.bar.update(1)
 
     def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:

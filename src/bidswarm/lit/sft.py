@@ -38,6 +38,7 @@ from bidswarm.config import SFTConfig, SFTMatch
 from bidswarm.engines import PromptBatch, RolloutEngine
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
+from bidswarm.lit.callbacks import StepProgress
 
 
 @dataclass(frozen=True)
@@ -358,13 +359,15 @@ def run_sft(
     trainer_kwargs: dict[str, Any] | None = None,
     logger: Logger | None = None,
     seed: int = 0,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Fine-tune every agent on its own demonstrations with a ``lightning.Trainer``.
 
     ``trainer_kwargs`` go to the Trainer (accelerator, devices, precision, ...); loss curves
-    go to ``logger`` per agent. Returns ``sft/final_loss/<agent>``, ``sft/trained_tokens/<agent>``
-    (prompt + reply tokens processed), ``sft/loss_tokens/<agent>`` (supervised reply tokens),
-    ``sft/trained_tokens`` (all agents), ``sft/steps`` and the SFT budget (:func:`sft_budget`).
+    go to ``logger`` per agent; ``progress``: a bar over the steps on stderr. Returns
+    ``sft/final_loss/<agent>``, ``sft/trained_tokens/<agent>`` (prompt + reply tokens
+    processed), ``sft/loss_tokens/<agent>`` (supervised reply tokens), ``sft/trained_tokens``
+    (all agents), ``sft/steps`` and the SFT budget (:func:`sft_budget`).
     """
     plans = plan_sft(population, demonstrations, prompts, cfg, seed)
     module = SFTModule(population, plans, cfg)
@@ -379,6 +382,8 @@ def run_sft(
         "log_every_n_steps": 1,
     }
     options.update(trainer_kwargs or {})
+    if progress:
+        options["callbacks"] = [*options.get("callbacks", []), StepProgress("SFT")]
     population.train()
     trainer = L.Trainer(**options)
     trainer.fit(module)

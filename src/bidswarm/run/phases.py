@@ -113,9 +113,10 @@ class Run:
                 self.demonstrations,
                 self.loop.swarm.prompts,
                 self.cfg.sft,
-                trainer_kwargs=self.trainer_kwargs() | {"enable_progress_bar": True},
+                trainer_kwargs=self.trainer_kwargs(),
                 logger=self.logger,
                 seed=self.cfg.seed,
+                progress=True,
             )
             if parse_rate_before is not None:
                 result[f"{names.SFT_BID_PARSE_RATE}/before"] = parse_rate_before
