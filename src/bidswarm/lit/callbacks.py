@@ -54,7 +54,7 @@ class StepProgress(L.Callback):
 
     Our bars (this and :class:`UpdateProgress`) write to stderr through tqdm, which a log file
     shows as they move; Lightning's own bars write to stdout, which a log file (``nohup``, a
-    SLURM job) buffers, so an hour of SmolLM2 SFT showed nothing until it ended."""
+    SLURM job) buffers, so a long SFT (SmolLM2 on a CPU) showed nothing until it ended."""
 
     def __init__(self, description: str):
         self.description = description
