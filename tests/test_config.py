@@ -263,7 +263,8 @@ def test_trainer_deterministic_reaches_the_trainer(tmp_path):
 def test_runs_started_in_the_same_second_get_their_own_folder(entry, folder):
     """Two runs or sweeps launched together (lanes of a script) must not share Hydra's output
     folder: the folder's time stamp tells apart two launches a millisecond apart."""
-    pattern = OmegaConf.load(CONF / f"{entry}.yaml").hydra[folder]._get_node("dir")._value()
+    hydra = OmegaConf.to_container(OmegaConf.load(CONF / f"{entry}.yaml").hydra, resolve=False)
+    pattern = hydra[folder]["dir"]
     stamps = re.findall(r"\$\{now:([^}]*)\}", pattern)
     assert stamps, pattern
     first, second = datetime(2026, 12, 4, 18, 46, 57, 1000), datetime(2026, 12, 4, 18, 46, 57, 2000)
