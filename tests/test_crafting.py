@@ -46,7 +46,7 @@ def test_instruction_sets_are_disjoint_and_monolithic_owns_their_union() -> None
 )
 def test_garbage_is_a_wasted_turn_with_feedback(reply: str) -> None:
     env = make()
-    before = env.snapshot()
+    before = env.fork_state()
     result = env.step("logger", reply)
     assert not result.valid and result.reward == 0.0
     assert env.decisions_made == 1
@@ -210,9 +210,9 @@ def test_the_budget_ends_the_episode() -> None:
 def test_skip_advances_only_the_decision_counter() -> None:
     env = make()
     env.step("logger", "find trees")
-    before = env.snapshot()
+    before = env.fork_state()
     result = env.skip()
-    after = env.snapshot()
+    after = env.fork_state()
     assert result.reward == 0.0
     assert after["decisions"] == before["decisions"] + 1
     assert {k: v for k, v in after.items() if k != "decisions"} == {

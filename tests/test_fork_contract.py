@@ -3,6 +3,8 @@ the task contract (``envs/conformance.py``): the registry, not a list, says whic
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
 from bidswarm.envs import EPISODE_METRICS, TASKS, env_class
@@ -54,3 +56,23 @@ def test_the_task_contract_refuses_a_broken_task_naming_what(broken, named):
     config = CraftingConfig(target="wooden_pickaxe", max_decisions=6)
     with pytest.raises(AssertionError, match=named):
         check_task_contract(lambda: broken(config), seeds=[0])
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_a_bare_task_refuses_another_tasks_snapshot_before_anything_changes(name: str) -> None:
+    cls = env_class(name)
+    env = cls(cls.Config())
+    env.reset(1)
+    before = pickle.dumps(env.snapshot())
+    for other in sorted(TASKS.keys() - {name}):
+        theirs = env_class(other)(env_class(other).Config())
+        theirs.reset(1)
+        message = f"^a snapshot of task '{other}' cannot restore an env of task '{name}'$"
+        with pytest.raises(ValueError, match=message):
+            env.restore(theirs.snapshot())
+    with pytest.raises(ValueError, match=f"restore\\(\\) of a '{name}' env takes what snapshot"):
+        env.restore(env.fork_state())  # the task's own part, not a snapshot
+    assert pickle.dumps(env.snapshot()) == before
+    fresh = cls(cls.Config())
+    fresh.restore(env.snapshot())  # never reset: a restored env plays an episode
+    assert fresh.episode_started and fresh.observation(None) == env.observation(None)

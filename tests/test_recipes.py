@@ -203,12 +203,11 @@ def test_a_new_task_is_its_package_and_its_yaml(registries, conf):
             s = self.state
             return {"success": success, "reward": s["reward"], "decisions": float(s["decisions"])}
 
-        def snapshot(self) -> dict:
+        def fork_state(self) -> dict:
             return dict(self.state)
 
-        def restore(self, state: dict) -> None:
+        def load_fork_state(self, state: dict) -> None:
             self.state = dict(state)
-            self.episode_started = True
 
         def expert_action(self, role: str | None) -> str | None:
             return None if self.done else "count"

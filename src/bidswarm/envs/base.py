@@ -296,14 +296,39 @@ class TextEnv(abc.ABC):
         return None
 
     # -- fork contract -------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The task's :meth:`fork_state`, marked with the task's name (``config.name``)."""
+        return {"task_name": self.config.name, "state": self.fork_state()}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Return to ``snapshot`` (from :meth:`snapshot` of an env of this task); it stays reusable
+        (restore twice gives the same future). A snapshot of another task, or anything else, is
+        a ValueError naming both, raised before anything changes. A restored env plays an
+        episode (``episode_started``), also one never reset."""
+        self.check_snapshot(snapshot)
+        self.load_fork_state(snapshot["state"])
+        self.episode_started = True
+
+    def check_snapshot(self, snapshot: Any) -> None:
+        """Raise ValueError, naming both tasks, unless ``snapshot`` is one of this task's."""
+        if not (isinstance(snapshot, dict) and snapshot.keys() == {"task_name", "state"}):
+            raise ValueError(
+                f"restore() of a {self.config.name!r} env takes what snapshot() of such an env "
+                f"returned, not this {type(snapshot).__name__}"
+            )
+        if snapshot["task_name"] != self.config.name:
+            raise ValueError(
+                f"a snapshot of task {snapshot['task_name']!r} cannot restore an env of task "
+                f"{self.config.name!r}"
+            )
+
     @abc.abstractmethod
-    def snapshot(self) -> Any:
+    def fork_state(self) -> Any:
         """Plain data holding everything that decides the future; shares nothing with ``self``."""
 
     @abc.abstractmethod
-    def restore(self, state: Any) -> None:
-        """Return to ``state``; ``state`` stays reusable (restore twice gives the same future).
-        A restored env plays an episode (``episode_started``), also one never reset."""
+    def load_fork_state(self, state: Any) -> None:
+        """Return to ``state`` (from :meth:`fork_state`); ``state`` stays reusable."""
 
     # -- scripted experts ----------------------------------------------------------------------
     @abc.abstractmethod

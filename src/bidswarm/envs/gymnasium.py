@@ -93,7 +93,6 @@ class MonolithicTextEnv(gymnasium.Env[str, str]):
         return copy.deepcopy(
             wrapper_snapshot(
                 "gymnasium",
-                self.task,
                 {
                     "task": self.task.snapshot(),
                     "actions_invalid": self._actions_invalid,

@@ -121,23 +121,19 @@ def check_render_mode(env: Any, render_mode: str | None) -> None:
         raise ValueError(f"render_mode={render_mode!r}: choose one of {modes} or None")
 
 
-def wrapper_snapshot(wrapper: str, task: TextEnv, state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` of a wrapper, marked with the wrapper and the task it is a snapshot of."""
-    return {"wrapper": wrapper, "task_name": task.config.name, **state}
+def wrapper_snapshot(wrapper: str, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` of a wrapper (its task's snapshot under ``"task"``), marked with the wrapper."""
+    return {"wrapper": wrapper, **state}
 
 
 def check_snapshot(wrapper: str, task: TextEnv, state: Any) -> None:
     """Refuse, before anything changes, a snapshot of another task or of another wrapper."""
-    if not (isinstance(state, Mapping) and {"wrapper", "task_name"} <= state.keys()):
+    if not (isinstance(state, Mapping) and {"wrapper", "task"} <= state.keys()):
         raise ValueError(
             f"restore() of a {wrapper} env of task {task.config.name!r} takes what snapshot() "
             f"of such an env returned, not this {type(state).__name__}"
         )
-    if state["task_name"] != task.config.name:
-        raise ValueError(
-            f"a snapshot of task {state['task_name']!r} cannot restore an env of task "
-            f"{task.config.name!r}"
-        )
+    task.check_snapshot(state["task"])
     if state["wrapper"] != wrapper:
         raise ValueError(
             f"a snapshot of a {state['wrapper']} env cannot restore a {wrapper} env "

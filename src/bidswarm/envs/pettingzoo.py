@@ -209,7 +209,6 @@ class TextAuctionEnv(_RoleSpaces, AECEnv):
         return copy.deepcopy(
             wrapper_snapshot(
                 "aec",
-                self.task,
                 {
                     "task": self.task.snapshot(),
                     "rng": self._rng.getstate(),
@@ -352,7 +351,6 @@ class TextParallelEnv(_RoleSpaces, ParallelEnv):
         return copy.deepcopy(
             wrapper_snapshot(
                 "parallel",
-                self.task,
                 {
                     "task": self.task.snapshot(),
                     "rng": self._rng.getstate(),

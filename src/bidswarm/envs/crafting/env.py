@@ -504,7 +504,7 @@ class CraftingEnv(TextEnv):
         return f"+{batch} {techtree.display_name(output)}"
 
     # -- fork contract ---------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def fork_state(self) -> dict[str, Any]:
         return {
             "seed": self.seed,
             "world": (
@@ -526,7 +526,7 @@ class CraftingEnv(TextEnv):
             "memory": self.memory.state(),
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_fork_state(self, state: dict[str, Any]) -> None:
         self.seed = state["seed"]
         (self.tree_density, self.stone_depth, self.iron_depth, self.coal_rate, self.iron_rate) = (
             state["world"]
@@ -541,7 +541,6 @@ class CraftingEnv(TextEnv):
         self._done = state["done"]
         self.invalid_replies, self.frames_used = state["counters"]
         self.memory.load(state["memory"])
-        self.episode_started = True
         self._touch()
 
     # -- scripted experts ------------------------------------------------------------------

@@ -306,10 +306,10 @@ class MineStudioCraftingEnv(TextEnv):
         return metrics
 
     # -- forks replay the prefix -----------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def fork_state(self) -> dict[str, Any]:
         return {"seed": self.seed, "prefix": tuple(self.prefix)}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_fork_state(self, state: dict[str, Any]) -> None:
         """Reset to the seed and replay every instruction: minutes for a long prefix."""
         self.reset(state["seed"])
         for entry in state["prefix"]:

@@ -270,7 +270,7 @@ class NavigationEnv(NavigationRules):
         return f"moved {moved} of {command.amount} cm, then a wall"
 
     # -- fork contract -------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def fork_state(self) -> dict[str, Any]:
         """Pose, counters, reward, last message and metric state; the house comes from the seed.
 
         Nothing random happens after ``reset``: the seed's RNG is spent on drawing the house and
@@ -290,7 +290,7 @@ class NavigationEnv(NavigationRules):
             "memory": self.memory.state(),
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_fork_state(self, state: dict[str, Any]) -> None:
         if self._episode is None or self._episode.seed != state["seed"]:
             self.reset(state["seed"])
         self._position = state["position"]

@@ -311,7 +311,7 @@ class HabitatNavigationEnv(NavigationRules):
         return StepResult(reward, self._done, valid=True, message=self._last)
 
     # -- fork contract -------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def fork_state(self) -> dict[str, Any]:
         position, rotation = self._pose()
         return {
             "seed": self._seed,
@@ -329,7 +329,7 @@ class HabitatNavigationEnv(NavigationRules):
             "metrics": self._metrics.state(),
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_fork_state(self, state: dict[str, Any]) -> None:
         if self._seed != state["seed"]:
             self.reset(state["seed"])
         self._sim.set_agent_state(np.array(state["position"]), list(state["rotation"]))

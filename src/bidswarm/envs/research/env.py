@@ -474,13 +474,12 @@ class ResearchEnv(TextEnv):
         return reward
 
     # -- fork contract -------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def fork_state(self) -> dict[str, Any]:
         return {"state": copy.deepcopy(self._state), "memory": self.memory.state()}
 
-    def restore(self, state: dict[str, Any]) -> None:
+    def load_fork_state(self, state: dict[str, Any]) -> None:
         self._state = copy.deepcopy(state["state"])
         self.memory.load(state["memory"])
-        self.episode_started = True
 
     # -- scripted experts ----------------------------------------------------------------------
     def _next_expert_step(self) -> tuple[str, str] | None:
