@@ -211,7 +211,7 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
     client.log_dict(evaluation.info.run_id, {"10": 1.0, "11": 3.0}, "heldout/eval_worlds.json")
 
-    text = command.write_report(client, parent_id, None, tmp_path / "sweep")
+    text = command.write_report(client, parent_id, [], tmp_path / "sweep")
     # Cells 2, 4 (seed 0) and 4, 6 (seed 1): two-way cluster bootstrap over seeds and worlds.
     s = statistics.clustered_summary({(0, 10): 2.0, (0, 11): 4.0, (1, 10): 4.0, (1, 11): 6.0})
     assert (
@@ -226,7 +226,7 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
         assert (tmp_path / "sweep" / name).stat().st_size > 0
     assert (tmp_path / "sweep" / "report.md").read_text() == text + "\n"
 
-    text = command.write_report(client, None, "grid", tmp_path / "all")
+    text = command.write_report(client, None, ["grid"], tmp_path / "all")
     # One training seed (its source run's, 0), worlds 1 and 3: SE 1, half width
     # t_{0.975, 1} = 12.71, labelled as over worlds only; the FLOPs of its source run.
     assert (
@@ -241,12 +241,40 @@ def test_report_from_an_mlflow_experiment_and_from_a_sweep_parent(tmp_path):
     assert "unrelated" in text and "sweep" not in text.split("\n", 2)[2]
 
     text = command.write_report(
-        client, None, "grid", tmp_path / "all", reference="coordination=round_robin"
+        client, None, ["grid"], tmp_path / "all", reference="coordination=round_robin"
     )
     assert (
         "| mpt (defaults) | +1.00 | +1.00 .. +1.00 | 2 "
         "| mpt (defaults) > coordination=round_robin |"
     ) in text, "only the two cells both hold"
+
+
+def test_arms_trained_into_two_experiments_are_paired_as_one(tmp_path, capsys, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # undone: main sets it
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    first = client.create_experiment("labels", str(tmp_path / "artifacts"))
+    later = client.create_experiment("credit", str(tmp_path / "artifacts"))
+    for seed in (0, 1):
+        log_training_run(client, first, f"seed={seed}", [3.0], worlds={10: 3.0, 11: 5.0 + seed})
+        log_training_run(
+            client, later, f"credit=reward_to_go,seed={seed}", [5.0], worlds={10: 4.0, 11: 7.0}
+        )
+    results = tmp_path / "results.md"
+    argv = ["--experiment", "labels", "credit", "--tracking-uri", uri, "--out", str(tmp_path)]
+    command.main([*argv, "--results", str(results)])
+    text = capsys.readouterr().out
+    assert "# Strategy comparison (experiments `labels`, `credit`)" in text
+    # Cells (seed, world): 4 - 3, 7 - 5 (seed 0); 4 - 3, 7 - 6 (seed 1).
+    s = statistics.clustered_summary({(0, 10): 1.0, (0, 11): 2.0, (1, 10): 1.0, (1, 11): 1.0})
+    assert f"| credit=reward_to_go | +1.25 | {s.ci_low:+.2f} .. {s.ci_high:+.2f} | 4 |" in text
+    assert "<!-- report:labels+credit -->" in results.read_text()
+    assert client.search_runs([first], filter_string="tags.`bidswarm.kind` = 'report'")
+    with pytest.raises(SystemExit, match="no MLflow experiment named 'nope'"):
+        command.main(["--experiment", "labels", "nope", "--tracking-uri", uri])
 
 
 def test_a_sweep_parent_logs_each_arms_interval_over_training_seeds_and_worlds(tmp_path):
@@ -574,7 +602,7 @@ def test_task_success_after_sft_and_after_rl_read_from_mlflow_and_paired_on_worl
         run_id = log_training_run(client, experiment_id, f"credit=x,seed={seed}", [1.0, 2.0])
         client.log_metric(run_id, "eval_before/pass_at_3/mean", 0.2)
         client.log_metric(run_id, "eval_after/pass_at_3/mean", 0.2 + gain)
-    runs = reading.find_runs(client, None, "long")
+    runs = reading.find_runs(client, None, ["long"])
     results = [reading.read_run(client, run) for run in runs]
     mpt = next(r for r in results if r.strategy == reading.DEFAULT_STRATEGY)
     assert sorted(mpt.world_success) == ["after", "before"]
@@ -638,7 +666,7 @@ def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
         client.log_metric(run, "forks/untied", untied, step=5 * update + 4)
     client.log_metric(run, "forks/control_untied", 0.5, step=4)
     log_evaluated_run(client, experiment_id, "rl.fork_budget=0,seed=0", before, before)
-    results = [reading.read_run(client, run) for run in reading.find_runs(client, None, "long")]
+    results = [reading.read_run(client, run) for run in reading.find_runs(client, None, ["long"])]
     table = tables.run_table(reading.group_by_strategy(results))
     gain = statistics.summarize(list(gains.values()))
     assert "| strategy | seed | after SFT | after RL | RL − SFT |" in table
@@ -650,7 +678,7 @@ def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
     assert "| rl.fork_budget=0 | 0 | 25.0 | 25.0 | +0.0 | +0.0 .. +0.0 | 0% → 25% " in table
     assert table.splitlines()[-1].endswith("| – | – | – |")
     # The report holds it; a run scored only after RL has no row, and no such run no table.
-    text = command.write_report(client, None, "long", tmp_path / "report")
+    text = command.write_report(client, None, ["long"], tmp_path / "report")
     assert table in text
     assert tables.run_table({"x": [trained("x", 0, {0: 1.0})]}) == ""
 
@@ -964,7 +992,7 @@ def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
     client.log_metric(evaluation.info.run_id, "eval/reward/mean", 2.0)
     client.log_metric(evaluation.info.run_id, "eval/reward/se", 0.3)
 
-    text = command.write_report(client, None, "budget", tmp_path / "out")
+    text = command.write_report(client, None, ["budget"], tmp_path / "out")
     assert (
         "| strategy | SFT action tokens | SFT bid tokens | SFT FLOPs | RL action updates "
         "| RL bid updates | training FLOPs (RL) | runs |"
@@ -1008,7 +1036,7 @@ def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_
     client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/0.4", 0.5)
     client.log_metric(evaluation.info.run_id, "eval/bids/winning/smith/mean", 0.6)
 
-    runs = [reading.read_run(client, r) for r in reading.find_runs(client, None, "credit")]
+    runs = [reading.read_run(client, r) for r in reading.find_runs(client, None, ["credit"])]
     trained_run = next(r for r in runs if r.strategy == reading.DEFAULT_STRATEGY)
     assert trained_run.winning_bids["before"]["miner"] == {"0.8": 1.0, "0.4": 0.0, "mean": 0.8}
     assert set(trained_run.winning_bids) == {"before", "after"}
@@ -1021,7 +1049,7 @@ def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_
     assert "| bids_from=sft | smith | 50% | 50% | 0.60 | 1 |" in table
     assert "round_robin" not in table
 
-    text = command.write_report(client, None, "credit", tmp_path / "out")
+    text = command.write_report(client, None, ["credit"], tmp_path / "out")
     assert table in text
     assert "winning_bids.png" in figures.FIGURES
     assert f"![{figures.FIGURES['winning_bids.png']}](winning_bids.png)" in text

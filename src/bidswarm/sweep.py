@@ -120,10 +120,10 @@ def summarise_sweep(client, parent: str, out: Path) -> str:
     # MLflow's client: imported where a sweep logs to MLflow only
     from bidswarm.report import command, reading, strategies, tables
 
-    text = command.write_report(client, parent, None, out)
+    text = command.write_report(client, parent, [], out)
     rows = strategies.strategy_rows(
         reading.group_by_strategy(
-            [reading.read_run(client, r) for r in reading.find_runs(client, parent, None)]
+            [reading.read_run(client, r) for r in reading.find_runs(client, parent)]
         )
     )
     metrics: dict[str, float] = {}

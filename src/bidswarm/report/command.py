@@ -3,6 +3,7 @@
     python scripts/report.py --experiment tables --out outputs/reports/tables \
         --results docs/results.md
     python scripts/report.py --parent <sweep parent run id> --out outputs/reports/sweep
+    python scripts/report.py --experiment fork_labels_iron iron_reward_to_go --out outputs/reports/x
     MLFLOW_TRACKING_URI=sqlite:////tmp/x.db python -m bidswarm.report --experiment bidswarm
 
 Writes ``report.md`` and the figures that have data (:data:`bidswarm.report.figures.FIGURES`)
@@ -18,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -62,19 +64,24 @@ from bidswarm.report.tables import (
 def write_report(
     client: MlflowClient,
     parent: str | None,
-    experiment: str | None,
+    experiments: Sequence[str],
     out: Path,
     reference: str | None = None,
 ) -> str:
-    """Tables (strategies; paired differences to ``reference``) + verdict + plots into
-    ``out``; returns the markdown."""
-    runs = find_runs(client, parent, experiment)
+    """Tables (strategies; paired differences to ``reference``) + verdict + plots of the sweep
+    ``parent``, or of the runs of ``experiments``, into ``out``; returns the markdown."""
+    runs = find_runs(client, parent, experiments)
     if not runs:
         raise SystemExit("no runs found (is the tracking URI right?)")
     groups = group_by_strategy([read_run(client, run) for run in runs])
     rows = strategy_rows(groups)
     out.mkdir(parents=True, exist_ok=True)
-    source = f"sweep parent run `{parent}`" if parent else f"experiment `{experiment}`"
+    named = ", ".join(f"`{experiment}`" for experiment in experiments)
+    source = (
+        f"sweep parent run `{parent}`"
+        if parent
+        else f"experiment{'s' * (len(experiments) > 1)} {named}"
+    )
     sections = [
         f"# Strategy comparison ({source})",
         provenance(runs),
@@ -118,7 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--parent", help="run id of a sweep's parent run")
-    which.add_argument("--experiment", help="MLflow experiment name")
+    which.add_argument(
+        "--experiment",
+        nargs="+",
+        help="MLflow experiment name; several (one store): their runs compared and paired as one",
+    )
     parser.add_argument("--out", type=Path, default=Path("outputs/reports/latest"))
     parser.add_argument(
         "--tracking-uri", default=None, help="default: $MLFLOW_TRACKING_URI, else the project store"
@@ -142,14 +153,15 @@ def main(argv: list[str] | None = None) -> None:
     # MLflow draws a progress bar for every artifact it downloads: two per run read here.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking.tracking_uri(args.tracking_uri))
-    text = write_report(client, args.parent, args.experiment, args.out, args.reference)
+    experiments = args.experiment or []
+    text = write_report(client, args.parent, experiments, args.out, args.reference)
     print(text)
     print(f"\n[bidswarm] report written to {args.out}/report.md")
-    if args.experiment is not None:
-        run_id = log_report(client, args.experiment, args.out)
-        print(f"[bidswarm] report and figures logged to MLflow run {run_id}")
+    if experiments:
+        run_id = log_report(client, experiments[0], args.out)
+        print(f"[bidswarm] report and figures logged to MLflow run {run_id} of {experiments[0]!r}")
     if args.results is not None:
-        name = args.experiment or f"sweep-{args.parent}"
+        name = "+".join(experiments) or f"sweep-{args.parent}"
         update_results(args.results, name, text, args.out, " ".join(sys.argv))
         print(f"[bidswarm] section {name!r} of {args.results} updated")
 

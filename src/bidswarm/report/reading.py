@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,17 +135,23 @@ def strategy_of(run_name: str) -> str:
     return ",".join(kept) or DEFAULT_STRATEGY
 
 
-def find_runs(client: MlflowClient, parent: str | None, experiment: str | None) -> list[Run]:
-    """The children of sweep run ``parent``, or every non-parent run of ``experiment``."""
+def find_runs(
+    client: MlflowClient, parent: str | None, experiments: Sequence[str] = ()
+) -> list[Run]:
+    """The children of sweep run ``parent``, or every non-parent run of ``experiments`` (one
+    store; arms trained into several experiments are then compared and paired as one)."""
     if parent is not None:
         experiment_id = client.get_run(parent).info.experiment_id
         return client.search_runs(
             [experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
         )
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise SystemExit(f"no MLflow experiment named {experiment!r}")
-    runs = client.search_runs([found.experiment_id])
+    ids = []
+    for experiment in experiments:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise SystemExit(f"no MLflow experiment named {experiment!r}")
+        ids.append(found.experiment_id)
+    runs = [run for experiment_id in ids for run in client.search_runs([experiment_id])]
     return [
         run
         for run in runs
