@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -281,3 +283,45 @@ def test_a_sweep_parent_names_its_folders_short(tmp_path):
     )
     uri = f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db"
     assert tracking.sweep_run_name([uri, "seed=0,1"], tmp_path) == f"sweep {uri} seed=0,1"
+
+
+FIRST_USE = """
+import sys, time
+from pathlib import Path
+import mlflow.tracking
+from bidswarm import tracking
+go = Path(sys.argv[2])
+Path(sys.argv[3]).touch()
+while not go.exists():
+    time.sleep(0.01)
+client, experiment = tracking.open_experiment(sys.argv[1], "bidswarm")
+print(experiment)
+"""
+
+
+def test_runs_started_together_on_a_new_store_share_one_experiment(tmp_path):
+    """Two plain runs (or a parallel launcher's jobs, or a sweep beside a run) that first use a
+    new sqlite store at the same moment: MLflow's table migrations and the experiment's
+    creation fail when two processes run them at once, so they go one at a time."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    go = tmp_path / "go"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    ready = [tmp_path / f"ready{index}" for index in range(4)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIRST_USE, uri, str(go), str(flag)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for flag in ready
+    ]
+    deadline = time.monotonic() + 120
+    while not all(flag.exists() for flag in ready) and time.monotonic() < deadline:
+        time.sleep(0.05)  # every process has imported MLflow and waits for `go`
+    go.touch()
+    results = [process.communicate(timeout=120) for process in processes]
+    for process, (_, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0, err[-2000:]
+    assert len({out.strip() for out, _ in results}) == 1

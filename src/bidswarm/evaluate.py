@@ -230,13 +230,10 @@ def log_to_mlflow(cfg: DictConfig, metrics: dict[str, float], world_files: list[
     """One MLflow run tagged with its source training run (a sweep's jobs under one parent);
     the per-world ``world_files`` become its artifacts ``heldout/<name>``."""
     from mlflow.entities import Metric, Param
-    from mlflow.tracking import MlflowClient
 
     uri = tracking.tracking_uri(cfg.logger.tracking_uri)
-    # First, so that parallel jobs of a sweep set up a new store one at a time.
     parent = tracking.sweep_parent_run(uri, cfg.logger.experiment_name)
-    client = MlflowClient(uri)
-    experiment_id = tracking.experiment_id(client, cfg.logger.experiment_name)
+    client, experiment_id = tracking.open_experiment(uri, cfg.logger.experiment_name)
     run_dir = Path(cfg.run_dir).resolve()
     tags = {
         "bidswarm.kind": "evaluate",

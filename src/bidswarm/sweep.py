@@ -19,7 +19,7 @@ from bidswarm.tracking import (
     OVERRIDES_TAG,
     PARENT_ENV,
     SWEEP_TAG,
-    experiment_id,
+    open_experiment,
     run_url,
     sweep_run_name,
     tracking_uri,
@@ -40,16 +40,14 @@ class SweepParent(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.logger.name != "mlflow":
             return
-        from mlflow.tracking import MlflowClient
-
         if not config.verbose:  # the store's set-up lines: not on the launcher's console
             logging.getLogger("mlflow").setLevel(logging.WARNING)
         self.uri = tracking_uri(config.logger.tracking_uri)
-        client = MlflowClient(self.uri)
+        client, experiment = open_experiment(self.uri, config.logger.experiment_name)
         sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         overrides = " ".join(config.hydra.overrides.task)
         run = client.create_run(
-            experiment_id(client, config.logger.experiment_name),
+            experiment,
             run_name=sweep_run_name(config.hydra.overrides.task),
             tags={SWEEP_TAG: sweep_dir, OVERRIDES_TAG: overrides},
         )

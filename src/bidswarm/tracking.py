@@ -3,11 +3,13 @@ sweep that stays open while its jobs run and ends with their summary (docs/mlflo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,31 @@ def artifact_location(uri: str) -> str | None:
     if not uri.startswith("sqlite:///"):
         return None
     return str(Path(uri.removeprefix("sqlite:///")).resolve().parent / ARTIFACT_FOLDER)
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Held while a process first uses the store ``uri``: for a sqlite store an exclusive lock on
+    ``<file>.lock`` beside it, so that runs started together (two shells, a parallel launcher,
+    a SLURM array) create a new store's tables and an experiment one at a time; MLflow's
+    migrations fail when two processes run them at once. A tracking server needs none."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    store = Path(uri.removeprefix("sqlite:///"))
+    with open(store.with_name(store.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def open_experiment(uri: str, name: str) -> tuple[Any, str]:
+    """An ``MlflowClient`` of the store ``uri`` and the id of its experiment ``name`` (created
+    if new: :func:`experiment_id`), under :func:`store_lock`."""
+    from mlflow.tracking import MlflowClient
+
+    with store_lock(uri):
+        client = MlflowClient(uri)
+        return client, experiment_id(client, name)
 
 
 def experiment_id(client, name: str) -> str:
@@ -245,18 +272,13 @@ def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
         return None
     if os.environ.get(PARENT_ENV):
         return os.environ[PARENT_ENV]
-    import mlflow
-    from mlflow.tracking import MlflowClient
-
     sweep_dir = str(Path(HydraConfig.get().sweep.dir).resolve())
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     # Jobs of a parallel launcher (joblib, SLURM arrays) start together: a lock in the sweep
-    # folder makes exactly one of them create the store's tables, the experiment and the
-    # parent run (concurrent first use of a new sqlite store fails in MLflow's migrations).
+    # folder makes exactly one of them create the parent run, on any store.
     with open(Path(sweep_dir) / ".mlflow_parent.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        client = MlflowClient(uri)
-        experiment = experiment_id(client, experiment_name)
+        client, experiment = open_experiment(uri, experiment_name)
         found = client.search_runs(
             [experiment], filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_dir}'", max_results=1
         )
@@ -264,5 +286,4 @@ def sweep_parent_run(uri: str, experiment_name: str) -> str | None:
             return found[0].info.run_id
         name = sweep_run_name(list(HydraConfig.get().overrides.task))
         run = client.create_run(experiment, run_name=name, tags={SWEEP_TAG: sweep_dir})
-    del mlflow
     return run.info.run_id

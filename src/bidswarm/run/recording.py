@@ -88,8 +88,6 @@ class RunLogger(MLFlowLogger):
 def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
     if cfg.logger.name == "csv":
         return CSVLogger(save_dir=str(run_dir), name="csv")
-    from mlflow.tracking import MlflowClient
-
     uri = tracking.tracking_uri(cfg.logger.tracking_uri)
     tags = {
         "bidswarm.run_dir": str(run_dir.resolve()),
@@ -99,7 +97,7 @@ def make_logger(cfg: DictConfig, run_dir: Path, run_id: str | None) -> Logger:
     if parent is not None:
         tags["mlflow.parentRunId"] = parent
     # Made here, not by the logger: artifacts under outputs/, the UI's model-training view.
-    tracking.experiment_id(MlflowClient(uri), cfg.logger.experiment_name)
+    tracking.open_experiment(uri, cfg.logger.experiment_name)
     return RunLogger(
         experiment_name=cfg.logger.experiment_name,
         run_name=tracking.run_name(),
