@@ -276,3 +276,16 @@ def test_an_evaluation_sweep_ends_its_parent_with_the_arms_summary(finished_run,
         )
         assert parent.data.metrics[arm] == pytest.approx(child.data.metrics["eval/reward/mean"])
     assert "sweep parent run:" in result.stdout
+
+
+def test_a_held_out_evaluation_shows_its_progress_on_stderr(finished_run, tmp_path, capfd):
+    """A run's (and ``bidswarm.evaluate``'s) held-out evaluation draws a bar over its lock-step
+    decisions, ``task.max_decisions`` per batch; a plain call draws none."""
+    loop = build_loop(evaluation_config(finished_run, tmp_path))
+    seeds = loop.make_env().heldout_seeds()[:3]
+    evaluate(loop, seeds, runs_per_seed=2, seed=0, batch_size=4)
+    assert "held-out" not in capfd.readouterr().err
+    evaluate(loop, seeds, runs_per_seed=2, seed=0, batch_size=4, progress=True)
+    err = capfd.readouterr().err
+    total = 2 * loop.horizon  # 6 episodes in batches of 4: two batches
+    assert "held-out: 100%" in err and f"{total}/{total}" in err and "batch=2/2" in err, err[-500:]

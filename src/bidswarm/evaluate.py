@@ -273,7 +273,7 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     runs = max(cfg.runs_per_seed, cfg.pass_k or 0)
     started = time.perf_counter()
     try:
-        evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size)
+        evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size, progress=True)
     finally:
         loop.swarm.engine.close()
     wall = time.perf_counter() - started

@@ -40,6 +40,8 @@ class SweepParent(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.logger.name != "mlflow":
             return
+        import mlflow  # noqa: F401  (it configures its loggers on import: do that first)
+
         if not config.verbose:  # the store's set-up lines: not on the launcher's console
             logging.getLogger("mlflow").setLevel(logging.WARNING)
         self.uri = tracking_uri(config.logger.tracking_uri)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
@@ -108,17 +109,29 @@ def play_batches(
     batch_size: int = 64,
     rank: int = 0,
     processes: int = 1,
+    progress: bool = False,
 ) -> PlayedBatches:
     """Play the evaluation's batches ``rank, rank + processes, ...`` (sampling, each batch's own
     randomness), counting into a ledger of its own (``Swarm.separate_usage``) so that held-out
-    evaluation never shows up in the training ``tokens/*`` and ``flops/*``."""
+    evaluation never shows up in the training ``tokens/*`` and ``flops/*``. ``progress``: a bar
+    on stderr (process 0) over the lock-step decisions, ``task.max_decisions`` per batch (a
+    batch whose episodes all end sooner jumps to its end)."""
     device = next(loop.swarm.population.parameters()).device
     batches = evaluation_batches(seeds, runs_per_seed, batch_size)
+    mine = range(rank, len(batches), processes)
+    horizon = loop.horizon
+    bar = tqdm(
+        total=len(mine) * horizon, desc="held-out", unit="decision", disable=not progress or rank != 0
+    )
     played = PlayedBatches()
-    with loop.swarm.separate_usage() as usage:
-        for index in range(rank, len(batches), processes):
+    with loop.swarm.separate_usage() as usage, bar:
+        for position, index in enumerate(mine):
+            bar.set_postfix(batch=f"{position + 1}/{len(mine)}", episodes=len(batches[index]))
             rng, generator = batch_randomness(seed, index, device)
-            played.episodes[index] = loop.run(batches[index], rng, generator)
+            played.episodes[index] = loop.run(
+                batches[index], rng, generator, on_decision=lambda: bar.update(1)
+            )
+            bar.update((position + 1) * horizon - bar.n)
     played.usage = usage
     return played
 
@@ -147,11 +160,16 @@ def summarize_evaluation(
 
 
 def evaluate(
-    loop: RolloutLoop, seeds: list[int], runs_per_seed: int, seed: int, batch_size: int = 64
+    loop: RolloutLoop,
+    seeds: list[int],
+    runs_per_seed: int,
+    seed: int,
+    batch_size: int = 64,
+    progress: bool = False,
 ) -> Evaluation:
     """Play ``seeds`` x ``runs_per_seed`` episodes in this process, ``batch_size`` in lock-step
-    at a time (:func:`play_batches`), and summarize them."""
-    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size)
+    at a time (:func:`play_batches`, with its bar if ``progress``), and summarize them."""
+    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, progress=progress)
     return summarize_evaluation([played], loop, runs_per_seed)
 
 

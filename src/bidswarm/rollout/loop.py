@@ -57,13 +57,15 @@ class RolloutLoop:
         rng: random.Random,
         generator: torch.Generator,
         keep_snapshots: bool = False,
+        on_decision: Callable[[], None] | None = None,
     ) -> list[Episode]:
-        """Play one episode per seed, all in lock-step; snapshots of contested steps if asked."""
+        """Play one episode per seed, all in lock-step; snapshots of contested steps if asked;
+        ``on_decision`` is called after each lock-step decision (a progress bar)."""
         envs = self.envs(len(seeds))
         for env, seed in zip(envs, seeds, strict=True):
             env.reset(seed)
         episodes = [Episode(seed=seed) for seed in seeds]
-        self.play(envs, episodes, rng, generator, keep_snapshots)
+        self.play(envs, episodes, rng, generator, keep_snapshots, on_decision=on_decision)
         for env, episode in zip(envs, episodes, strict=True):
             episode.metrics = env.episode_metrics()
             if keep_snapshots:
@@ -83,9 +85,11 @@ class RolloutLoop:
         generator: torch.Generator,
         keep_snapshots: bool = False,
         first_actors: list[int] | None = None,
+        on_decision: Callable[[], None] | None = None,
     ) -> None:
         """Step every env to its end, appending to ``episodes``. ``first_actors`` forces who
-        acts first (a fork's branches); the rule decides every later step."""
+        acts first (a fork's branches); the rule decides every later step. ``on_decision``:
+        called after each lock-step decision."""
         live = [i for i, env in enumerate(envs) if not env.done]
         while live:
             live_envs = [envs[i] for i in live]
@@ -116,6 +120,8 @@ class RolloutLoop:
             if situations is not None:
                 self.coordination.record_outcomes(situations, decisions, rewards)
             live = [i for i in live if not envs[i].done]
+            if on_decision is not None:
+                on_decision()
 
     # -- what the rule decides from ------------------------------------------------------------
     def absent_agents(self, rng: random.Random) -> frozenset[int]:

@@ -159,7 +159,12 @@ class Run:
         the other processes no longer wait idle for process 0 in their next collective."""
         seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
         evaluation = evaluate_over_processes(
-            self.loop, seeds, self.cfg.eval.runs_per_seed, self.cfg.seed, self.cfg.eval.batch_size
+            self.loop,
+            seeds,
+            self.cfg.eval.runs_per_seed,
+            self.cfg.seed,
+            self.cfg.eval.batch_size,
+            progress=True,
         )
         if evaluation is None:
             return {}
@@ -360,17 +365,23 @@ class Run:
 
 
 def evaluate_over_processes(
-    loop: RolloutLoop, seeds: list[int], runs_per_seed: int, seed: int, batch_size: int
+    loop: RolloutLoop,
+    seeds: list[int],
+    runs_per_seed: int,
+    seed: int,
+    batch_size: int,
+    progress: bool = False,
 ) -> Evaluation | None:
     """The held-out evaluation of ``seeds`` x ``runs_per_seed`` (``rollout/evaluation.py``), its
     batches of ``batch_size`` spread over the run's processes (``lit/collectives.py``): the
     whole evaluation on process 0, equal to one process playing every batch; None on the
     others. Before Lightning has made the process group (a run without SFT evaluates before
-    RL's ``fit`` starts the other processes), process 0 plays every batch."""
+    RL's ``fit`` starts the other processes), process 0 plays every batch. ``progress``: process
+    0's bar over its decisions (:func:`play_batches`)."""
     rank, processes = process_group()
     if rank != 0 and processes == 1:
         return None
-    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, rank, processes)
+    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, rank, processes, progress)
     if processes > 1:
         played = played.without_token_ids()
     parts = gather_on_process_zero(played)
