@@ -120,9 +120,8 @@ def play_batches(
     batches = evaluation_batches(seeds, runs_per_seed, batch_size)
     mine = range(rank, len(batches), processes)
     horizon = loop.horizon
-    bar = tqdm(
-        total=len(mine) * horizon, desc="held-out", unit="decision", disable=not progress or rank != 0
-    )
+    shown = progress and rank == 0
+    bar = tqdm(total=len(mine) * horizon, desc="held-out", unit="decision", disable=not shown)
     played = PlayedBatches()
     with loop.swarm.separate_usage() as usage, bar:
         for position, index in enumerate(mine):
