@@ -168,6 +168,48 @@ def test_a_setting_as_reference_pairs_each_strategy_within_the_levels_of_the_oth
         strategies.reference_strategy(rows, "ablation=nothing")
 
 
+def test_arms_that_differ_in_more_than_the_reference_are_paired_by_the_keys_given():
+    """MPT arms (``replicas``) against the monolithic agent (none) at each dropout level:
+    ``pair_by`` pairs each with the monolithic arm of the same dropout, never across levels."""
+    base = {10: 2.0, 11: 4.0, 12: 9.0}
+
+    def arm(name: str, gain: float) -> list[reading.RunResult]:
+        return [
+            trained(name, seed, {w: r + gain + seed for w, r in base.items()}) for seed in (0, 1)
+        ]
+
+    runs = [
+        *arm("ablation=none,dropout=0.3,replicas=4", 9.0),
+        *arm("ablation=none,dropout=0.3,replicas=1", 5.0),
+        *arm("ablation=none,dropout=0.7,replicas=4", 7.0),
+        *arm("ablation=none,replicas=4", 12.0),  # dropout at its default: the reference's too
+        *arm("ablation=monolithic,dropout=0.3", 1.0),
+        *arm("ablation=monolithic", 3.0),
+    ]  # no monolithic arm at dropout 0.7: that MPT arm stays unpaired
+    rows = strategies.strategy_rows(reading.group_by_strategy(runs))
+    # alone, the reference names the one monolithic arm at the default dropout
+    assert {d.reference for d in strategies.paired_differences(rows, "ablation=monolithic")} == {
+        "ablation=monolithic"
+    }
+    reference = strategies.reference_strategy(rows, "ablation=monolithic", ["dropout"])
+    differences = {
+        d.strategy: d for d in strategies.paired_differences(rows, reference, ["dropout"])
+    }
+    assert {name: d.reference for name, d in differences.items()} == {
+        "ablation=none,dropout=0.3,replicas=4": "ablation=monolithic,dropout=0.3",
+        "ablation=none,dropout=0.3,replicas=1": "ablation=monolithic,dropout=0.3",
+        "ablation=none,replicas=4": "ablation=monolithic",
+    }
+    assert differences["ablation=none,dropout=0.3,replicas=4"].difference.mean == pytest.approx(8)
+    assert differences["ablation=none,replicas=4"].difference.mean == pytest.approx(9.0)
+    table = tables.difference_table(list(differences.values()), reference, ["dropout"])
+    assert "the strategy with **ablation=monolithic** and the same **dropout**" in table
+    with pytest.raises(SystemExit, match="needs one setting"):
+        strategies.reference_strategy(rows, "ablation=none,replicas=4", ["dropout"])
+    with pytest.raises(SystemExit, match="droput"):
+        strategies.reference_strategy(rows, "ablation=monolithic", ["droput"])
+
+
 def log_training_run(client, experiment_id, name, rewards, parent=None, worlds=None):
     """A training run's metrics, and when ``worlds`` its per-world held-out rewards after RL."""
     tags = {"mlflow.parentRunId": parent} if parent else {}

@@ -67,9 +67,11 @@ def write_report(
     experiments: Sequence[str],
     out: Path,
     reference: str | None = None,
+    pair_by: Sequence[str] = (),
 ) -> str:
-    """Tables (strategies; paired differences to ``reference``) + verdict + plots of the sweep
-    ``parent``, or of the runs of ``experiments``, into ``out``; returns the markdown."""
+    """Tables (strategies; paired differences to ``reference``, paired by ``pair_by``'s keys
+    when given: ``paired_with``) + verdict + plots of the sweep ``parent``, or of the runs of
+    ``experiments``, into ``out``; returns the markdown."""
     runs = find_runs(client, parent, experiments)
     if not runs:
         raise SystemExit("no runs found (is the tracking URI right?)")
@@ -89,8 +91,9 @@ def write_report(
         verdict(rows),
     ]
     if len(rows) > 1:
-        reference = reference_strategy(rows, reference)
-        sections.append(difference_table(paired_differences(rows, reference), reference))
+        reference = reference_strategy(rows, reference, pair_by)
+        differences = paired_differences(rows, reference, pair_by)
+        sections.append(difference_table(differences, reference, pair_by))
         if efficiency := catch_up_table(groups, reference):
             sections.append(efficiency)
     tables = (
@@ -102,7 +105,7 @@ def write_report(
         participation_at_table(groups),
         milestone_table(groups),
         winning_bid_table(groups),
-        outcome_table(groups, reference),
+        outcome_table(groups, reference, pair_by),
         evaluation_behaviour_table(groups),
     )
     sections += [table for table in tables if table]
@@ -143,6 +146,16 @@ def main(argv: list[str] | None = None) -> None:
         "it only in that setting",
     )
     parser.add_argument(
+        "--pair-by",
+        nargs="+",
+        default=(),
+        metavar="KEY",
+        help="with a setting as --reference: pair each strategy with the one that has that "
+        "setting and the same value of these keys, whatever their other settings (--reference "
+        "ablation=monolithic --pair-by dropout: every arm against the monolithic agent at the "
+        "same dropout)",
+    )
+    parser.add_argument(
         "--results",
         type=Path,
         default=None,
@@ -154,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     client = MlflowClient(tracking.tracking_uri(args.tracking_uri))
     experiments = args.experiment or []
-    text = write_report(client, args.parent, experiments, args.out, args.reference)
+    text = write_report(client, args.parent, experiments, args.out, args.reference, args.pair_by)
     print(text)
     print(f"\n[bidswarm] report written to {args.out}/report.md")
     if experiments:

@@ -14,7 +14,7 @@ fall back to statistics over their run-level means and are left out of the pairi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bidswarm import statistics
@@ -136,27 +136,56 @@ def is_setting(reference: str, names: list[str]) -> bool:
     )
 
 
-def reference_strategy(rows: list[StrategyRow], chosen: str | None) -> str:
+def reference_strategy(
+    rows: list[StrategyRow], chosen: str | None, pair_by: Sequence[str] = ()
+) -> str:
     """``chosen`` (a strategy, or one setting of strategies named by several:
-    :func:`paired_with`), else the MPT defaults when present, else the best row."""
+    :func:`paired_with`), else the MPT defaults when present, else the best row. ``pair_by``
+    needs a setting as ``chosen``, and keys that some strategy names."""
     names = [row.strategy for row in rows]
+    if chosen is not None and chosen not in names and not is_setting(chosen, names):
+        raise SystemExit(
+            f"--reference {chosen!r}: no such strategy, nor a setting of one; strategies: {names}"
+        )
+    if pair_by and (chosen is None or not any(chosen in settings_of(n) for n in names)):
+        raise SystemExit(f"--pair-by needs one setting as --reference (got {chosen!r})")
+    unknown = [key for key in pair_by if all(setting_value(n, key) is None for n in names)]
+    if unknown:
+        raise SystemExit(f"--pair-by {unknown}: no strategy names such a setting; {names}")
     if chosen is not None:
-        if chosen not in names and not is_setting(chosen, names):
-            raise SystemExit(
-                f"--reference {chosen!r}: no such strategy, nor a setting of one; strategies: "
-                f"{names}"
-            )
         return chosen
     return DEFAULT_STRATEGY if DEFAULT_STRATEGY in names else names[0]
 
 
-def paired_with(names: list[str], reference: str) -> dict[str, str]:
+def setting_value(name: str, key: str) -> str | None:
+    """The value ``name`` (a strategy) gives ``key``; None where it names no such setting."""
+    values = [s.split("=", 1)[1] for s in settings_of(name) if s.split("=", 1)[0] == key]
+    return values[0] if values else None
+
+
+def paired_with(names: list[str], reference: str, pair_by: Sequence[str] = ()) -> dict[str, str]:
     """Strategy -> the strategy it is compared with. ``reference`` a strategy: every other one
     with it. ``reference`` one setting (``ablation=initial_bids``) of strategies named by
     several (``rl.fork_tie_break=True,ablation=none``): each strategy without that setting with
     the one that differs from it only there (``rl.fork_tie_break=True,ablation=initial_bids``),
     so a factor is compared within each level of the others; a strategy with no such match is
-    absent."""
+    absent. ``pair_by`` (keys): each strategy without the reference setting is paired instead
+    with the one strategy that has it and the same value of each key in ``pair_by`` (or names
+    neither), whatever their other settings: arms that differ in more than one setting
+    (``ablation=none,dropout=0.3,replicas=4`` with ``ablation=monolithic,dropout=0.3``, the
+    reference ``ablation=monolithic`` paired by ``dropout``); absent where none or several
+    match. The reference is then a setting even where one strategy is named by it alone."""
+    if pair_by:
+        at_reference = [name for name in names if reference in settings_of(name)]
+        pairs = {}
+        for name in names:
+            if name in at_reference:
+                continue
+            level = [setting_value(name, key) for key in pair_by]
+            matches = [r for r in at_reference if [setting_value(r, k) for k in pair_by] == level]
+            if len(matches) == 1:
+                pairs[name] = matches[0]
+        return pairs
     if not is_setting(reference, names):
         return {name: reference for name in names if name != reference}
     key = reference.split("=", 1)[0]
@@ -175,12 +204,14 @@ def paired_with(names: list[str], reference: str) -> dict[str, str]:
     return pairs
 
 
-def paired_differences(rows: list[StrategyRow], reference: str) -> list[DifferenceRow]:
+def paired_differences(
+    rows: list[StrategyRow], reference: str, pair_by: Sequence[str] = ()
+) -> list[DifferenceRow]:
     """Every strategy minus the one it is paired with (:func:`paired_with`) over the (training
     seed, world) cells both hold (two-way random-effects CI); None when they share no cell."""
     by_name = {row.strategy: row for row in rows}
     out = []
-    for strategy, base_name in paired_with(list(by_name), reference).items():
+    for strategy, base_name in paired_with(list(by_name), reference, pair_by).items():
         row, base = by_name[strategy], by_name[base_name]
         shared = row.cells.keys() & base.cells.keys()
         difference = (

@@ -4,6 +4,8 @@ the budget, RL gain (reward and task success), participation, winning-bid and ou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bidswarm import statistics
 from bidswarm.report.reading import BUDGET_COLUMNS, RunResult, pass_ks
 from bidswarm.report.strategies import (
@@ -96,13 +98,20 @@ def verdict(rows: list[StrategyRow]) -> str:
     )
 
 
-def difference_table(differences: list[DifferenceRow], reference: str) -> str:
+def difference_table(
+    differences: list[DifferenceRow], reference: str, pair_by: Sequence[str] = ()
+) -> str:
     """Markdown: strategy - the strategy it is paired with, its 95% CI, how many cells were
-    paired, the verdict; a column names the partner when ``reference`` is a setting."""
+    paired, the verdict; a column names the partner when ``reference`` is a setting (paired by
+    ``pair_by``'s keys: :func:`paired_with`)."""
     matched = any(row.reference != reference for row in differences)
-    against = (
-        f"the strategy that differs only in **{reference}**" if matched else f"**{reference}**"
-    )
+    if not matched:
+        against = f"**{reference}**"
+    elif pair_by:
+        keys = ", ".join(f"**{key}**" for key in pair_by)
+        against = f"the strategy with **{reference}** and the same {keys}"
+    else:
+        against = f"the strategy that differs only in **{reference}**"
     lines = [
         f"Paired difference to {against} on the same (training seed, world) cells; 95% CI by "
         "the two-way random-effects analysis of training seeds x worlds.",
@@ -496,7 +505,9 @@ def winning_bid_table(groups: dict[str, list[RunResult]]) -> str:
     return "\n".join(lines)
 
 
-def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = None) -> str:
+def outcome_table(
+    groups: dict[str, list[RunResult]], reference: str | None = None, pair_by: Sequence[str] = ()
+) -> str:
     """Per strategy of evaluation runs: agents, task success and pass@1..k (each the mean over
     the held-out worlds of a run, here mean ± SE over the strategy's runs, i.e. training seeds),
     the highest pass@k's 95% CI over (training seed, world) cells (two-way random effects;
@@ -511,7 +522,7 @@ def outcome_table(groups: dict[str, list[RunResult]], reference: str | None = No
     columns = ["task/success"] + [f"pass_at_{k}/mean" for k in ks]
     header = ["strategy", "agents", "success", *(f"pass@{k}" for k in ks)]
     header += [f"pass@{ks[-1]} 95% CI"] if ks else []
-    partners = paired_with(list(rows), reference) if ks and reference is not None else {}
+    partners = paired_with(list(rows), reference, pair_by) if ks and reference is not None else {}
     partners = {s: partner for s, partner in partners.items() if partner in rows}
     if partners:  # a reference (or a strategy with the reference setting) against itself
         partners |= {s: s for s in rows if s == reference or reference in settings_of(s)}
