@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import abc
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -311,7 +311,7 @@ class TextEnv(abc.ABC):
 
     def check_snapshot(self, snapshot: Any) -> None:
         """Raise ValueError, naming both tasks, unless ``snapshot`` is one of this task's."""
-        if not (isinstance(snapshot, dict) and snapshot.keys() == {"task_name", "state"}):
+        if not (isinstance(snapshot, Mapping) and snapshot.keys() == {"task_name", "state"}):
             raise ValueError(
                 f"restore() of a {self.config.name!r} env takes what snapshot() of such an env "
                 f"returned, not this {type(snapshot).__name__}"
