@@ -40,8 +40,9 @@ def test_overrides_every_run_shares_do_not_name_a_strategy():
     assert sorted(reading.group_by_strategy(same)) == ["ablation=none", "ablation=random_credit"]
 
 
-def test_strategy_pools_seeds_and_evaluation_sizes():
+def test_strategy_pools_seeds_evaluation_sizes_and_threads():
     assert reading.strategy_of("ablation=monolithic,seed=2") == "ablation=monolithic"
+    assert reading.strategy_of("model.torch_threads=1,rl.lr=1e-05,seed=1") == "rl.lr=1e-05"
     assert reading.strategy_of("experiment=tables,seed=0") == "experiment=tables"
     assert reading.strategy_of("eval coordination=agentnet,max_seeds=8") == "coordination=agentnet"
     assert reading.strategy_of("default") == reading.DEFAULT_STRATEGY

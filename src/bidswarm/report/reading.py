@@ -33,8 +33,10 @@ POOLED_KEYS = (
     "runs_per_seed",
     "batch_size",
     "device",
+    "model.torch_threads",
 )
-"""Override keys that do not make a strategy (runs differing only in them are pooled)."""
+"""Override keys that do not make a strategy (runs differing only in them are pooled): the
+training and evaluation seeds and sizes, and where and on how many threads a run computed."""
 
 DEFAULT_STRATEGY = "mpt (defaults)"
 """The strategy of a run without overrides (the MPT defaults) or with pooled ones only."""
