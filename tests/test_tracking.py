@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bidswarm import tracking, transcripts
+from bidswarm.config.schemas import FOLDER_NAME_CHARS, folder_name
 from bidswarm.coordination.base import Decision
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.sweep import arm_metric_name
@@ -261,6 +262,36 @@ def test_a_sweep_whose_job_fails_ends_its_parent_failed(tmp_path):
     _, _, parents, _ = runs_of(uri)
     assert [p.info.status for p in parents] == ["FAILED"]
     assert parents[0].info.run_name == "sweep debug=smoke rl.envs_per_update=0"
+
+
+def test_a_sweep_job_with_a_long_override_list_gets_a_folder_it_can_make(tmp_path):
+    """Hydra names a job's folder after its overrides; past the file system's 255 bytes the
+    job failed with "File name too long" before it ran. The name is now cut and ended by a
+    hash: the job gets its folder and runs (here into its own config check, before any model)."""
+    long_name = "x" * 240
+    command = sweep_command(
+        tmp_path / "sweep",
+        "debug=smoke",
+        "rl.envs_per_update=0",
+        f"logger.experiment_name={long_name}",
+    )
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "File name too long" not in result.stderr, result.stderr[-2000:]
+    assert "rl.envs_per_update" in result.stderr  # the job ran: its own check refused it
+    (folder,) = [p for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    assert folder.name.startswith("0_debug=smoke,logger.experiment_name=xxx")
+    assert len(folder.name) == FOLDER_NAME_CHARS and folder.name[-9] == "~"
+    assert (folder / ".hydra" / "overrides.yaml").exists()
+
+
+def test_long_folder_names_are_cut_to_distinct_names():
+    short = "0_seed=1,rl.lr=1e-4"
+    assert folder_name(short) == short
+    one, other = "0_" + "a=1," * 80 + "b=1", "0_" + "a=1," * 80 + "b=2"
+    assert len(folder_name(one)) == FOLDER_NAME_CHARS and folder_name(one) != folder_name(other)
+    wide = "0_name=" + "é" * 150  # 2 bytes a character: cut to 255 bytes as well
+    assert len(folder_name(wide).encode()) <= 255
 
 
 def test_a_sweep_parent_names_its_folders_short(tmp_path):

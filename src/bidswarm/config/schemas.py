@@ -11,11 +11,12 @@ coordination rule's (``coordination/``, ``RULES``) and each credit rule's
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from bidswarm.algorithms.credit import CREDIT_RULES, CreditConfig
 from bidswarm.algorithms.losses import Baseline, Normalization
@@ -386,10 +387,31 @@ class TrainConfig:
     the run's ``train.log`` only (``bidswarm.console``)."""
 
 
+FOLDER_NAME_CHARS = 200
+"""The longest folder name a sweep job gets (:func:`folder_name`); file systems refuse 255 bytes."""
+
+
+def folder_name(name: str) -> str:
+    """``name`` as one folder's name (the ``folder_name`` resolver of a sweep job's
+    ``hydra.sweep.subdir``, its number and overrides): unchanged up to
+    :data:`FOLDER_NAME_CHARS` characters (and 255 bytes), else cut there and ended by ``~`` and
+    8 hex digits of its hash, so that a long override list stays a valid, distinct folder."""
+    if len(name) <= FOLDER_NAME_CHARS and len(name.encode()) <= 255:
+        return name
+    digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+    kept = name[: FOLDER_NAME_CHARS - 9]
+    while len(kept.encode()) > 255 - 9:
+        kept = kept[:-1]
+    return f"{kept}~{digest}"
+
+
 def register_configs() -> None:
     """Put every schema in Hydra's ConfigStore (called before composing): the root, each
     registered task's (``<task>_schema``, ``envs.TASKS``), and the schema of every coordination
-    and credit rule with parameters (``<name>_schema``)."""
+    and credit rule with parameters (``<name>_schema``); and the ``folder_name`` resolver the
+    configs' sweep folders use."""
+    if not OmegaConf.has_resolver("folder_name"):
+        OmegaConf.register_new_resolver("folder_name", folder_name)
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     for name, env in TASKS.items():
