@@ -23,12 +23,23 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 signal a SLURM job asks for ahead of its time limit (``sbatch --signal=USR1@120``)."""
 
 
-class UpdateProgress(L.Callback):
+class _ProgressBar(L.Callback):
+    """A tqdm bar that the rank-0 process opens when training starts and closes when it ends."""
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+
+    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class UpdateProgress(_ProgressBar):
     """One progress bar over all updates (each Lightning epoch is one update)."""
 
     def __init__(self, total_updates: int):
+        super().__init__()
         self.total_updates = total_updates
-        self.bar: tqdm | None = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.is_global_zero:
@@ -44,12 +55,8 @@ class UpdateProgress(L.Callback):
         self.bar.set_postfix(kind=kind, reward=f"{last.get('reward/mean', float('nan')):.1f}")
         self.bar.update(1)
 
-    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
-
-class StepProgress(L.Callback):
+class StepProgress(_ProgressBar):
     """One progress bar over a one-epoch fit's steps (SFT), with the ``prog_bar`` metrics.
 
     Our bars (this and :class:`UpdateProgress`) write to stderr through tqdm, which a log file
@@ -57,8 +64,8 @@ class StepProgress(L.Callback):
     SLURM job) buffers, so a long SFT (SmolLM2 on a CPU) showed nothing until it ended."""
 
     def __init__(self, description: str):
+        super().__init__()
         self.description = description
-        self.bar: tqdm | None = None
 
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         if trainer.is_global_zero:
@@ -72,10 +79,6 @@ class StepProgress(L.Callback):
         shown = trainer.progress_bar_metrics
         self.bar.set_postfix({key: f"{float(value):.3f}" for key, value in shown.items()})
         self.bar.update(1)
-
-    def on_train_end(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 # -- stopping on a signal ----------------------------------------------------------------------
