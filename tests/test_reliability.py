@@ -7,6 +7,7 @@ faults and the test that shows each is ``docs/reliability.md``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -340,6 +341,27 @@ def test_checkpoints_are_replaced_atomically_keeping_the_previous_one(tmp_path):
     assert last["bidswarm_run"]["mlflow_run_id"] == "abc"
     assert sorted(p.name for p in tmp_path.iterdir()) == [LAST, PREVIOUS]  # no partial file
     assert callback.updates_saved == 5
+
+
+def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_frees_the_partial_one(
+    tmp_path, monkeypatch
+):
+    save = L.Trainer.save_checkpoint
+    calls = []
+
+    def fills_the_disk_on_the_third(trainer, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) < 3:
+            return save(trainer, path, *args, **kwargs)
+        Path(path).write_bytes(b"half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(L.Trainer, "save_checkpoint", fills_the_disk_on_the_third)
+    with pytest.raises(OSError, match=r"no space left.*update 3.*resume=") as raised:
+        fit_counter(tmp_path, epochs=5)
+    assert raised.value.errno == errno.ENOSPC
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LAST, PREVIOUS]
+    assert torch.load(tmp_path / LAST, weights_only=False)["bidswarm_run"]["updates"] == 2
 
 
 def test_sigterm_stops_at_the_update_boundary_after_a_checkpoint(tmp_path):

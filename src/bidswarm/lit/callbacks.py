@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -209,9 +210,22 @@ class CrashSafeCheckpoint(Checkpoint):
             self.folder.mkdir(parents=True, exist_ok=True)
             _remove(partial)
         trainer.strategy.barrier("bidswarm.checkpoint.start")
-        trainer.save_checkpoint(partial)  # every rank: sharded strategies write their part
+        try:
+            trainer.save_checkpoint(partial)  # every rank: sharded strategies write their part
+            if trainer.is_global_zero:
+                _flush(partial)
+        except OSError as error:
+            if error.errno != errno.ENOSPC:
+                raise
+            _remove(partial)  # gives back what the unfinished file took; last.ckpt is untouched
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on the disk of {self.folder} for the checkpoint of update "
+                f"{updates} ({shutil.disk_usage(self.folder).free / 2**30:.1f} GiB free); the "
+                f"unfinished file is removed and {LAST} is kept: free space, then continue "
+                "with resume=<this run's folder>",
+            ) from error
         if trainer.is_global_zero:
-            _flush(partial)
             _keep_as_previous(self.last, self.folder / PREVIOUS)
             os.replace(partial, self.last)
             _flush_folder(self.folder)
