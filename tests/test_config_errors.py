@@ -222,9 +222,16 @@ RULE_PARAMETERS = [
     (section, name, key, allowed.refuses)
     for section, registry in (("coordination", RULES), ("credit", CREDIT_RULES))
     for name, rule in sorted(registry.items())
+    if not getattr(rule, "evaluation_only", False)  # training refuses those rules outright
     for key, allowed in rule.parameters()
 ]
-"""Every declared parameter of every registered rule, with a value its check refuses."""
+"""Every declared parameter of every registered rule that can train, with a value its check
+refuses."""
+
+
+def test_training_refuses_an_evaluation_only_rule_naming_where_it_runs():
+    message = refusal(["coordination=expert_owner"])
+    assert "coordination='expert_owner'" in message and "bidswarm.evaluate" in message
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ from bidswarm.config import (
     unknown_keys,
 )
 from bidswarm.coordination import RULES
+from bidswarm.coordination.bid_readers import BidsConfig
 from bidswarm.envs import TASKS, env_class
 from bidswarm.envs.base import MONOLITHIC
 from bidswarm.rollout.evaluation import evaluate
@@ -74,6 +75,9 @@ class EvaluateConfig:
     task: Any = None
     model: Any = None
     coordination: Any = None
+    bids: Any = None
+    """The bid channel (``conf/bids/``); None: the run's (its reader and prompts must be those
+    it was trained with; ``bids.eval_temperature=...`` changes only the evaluation's)."""
     logger: LoggerConfig = MISSING
     verbose: bool = False
     """Show the libraries' console output too (otherwise it goes to the job's log file only)."""
@@ -100,7 +104,7 @@ def population_folder(run_dir: Path, source: str) -> Path:
 
 
 def resolve_from_run(cfg: DictConfig) -> DictConfig:
-    """The evaluation config with ``task``/``model``/``coordination`` filled and typed.
+    """The evaluation config with ``task``/``model``/``coordination``/``bids`` filled and typed.
 
     A group left at None takes the training run's section; keys given without the group (a
     section without ``name``: ``+model.engine=vllm``) change the training run's section; every
@@ -112,12 +116,14 @@ def resolve_from_run(cfg: DictConfig) -> DictConfig:
     trained_path = run_dir / "resolved_config.yaml"
     trained = OmegaConf.load(trained_path) if trained_path.is_file() else None
     sections = {}
-    for key in ("task", "model", "coordination"):
+    for key in ("task", "model", "coordination", "bids"):
         section = cfg[key]
         if section is None or "name" not in section:
             if trained is None:
                 raise FileNotFoundError(f"{trained_path} is missing: pass {key}=... explicitly")
-            section = trained[key] if section is None else OmegaConf.merge(trained[key], section)
+            # A run trained before the bid channel was a group read its bids as the paper's.
+            own = trained[key] if key in trained else OmegaConf.create({"name": "paper"})
+            section = own if section is None else OmegaConf.merge(own, section)
         sections[key] = section
     if sections["task"].name not in TASKS:
         raise ValueError(f"task.name={sections['task'].name!r}: unknown; known: {sorted(TASKS)}")
@@ -126,6 +132,7 @@ def resolve_from_run(cfg: DictConfig) -> DictConfig:
         "task": env_class(sections["task"].name).Config,
         "model": ModelConfig,
         "coordination": rule.Config if rule else CoordinationConfig,
+        "bids": BidsConfig,
     }
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for key, schema in schemas.items():
@@ -179,6 +186,11 @@ def build_loop(cfg: DictConfig) -> RolloutLoop:
         raise ValueError(
             f"coordination=monolithic needs the single monolithic agent; run {run_dir} has "
             f"roles {actions.roles}"
+        )
+    if monolithic and rule.asks_expert:
+        raise ValueError(
+            f"run {run_dir} trained one monolithic agent: coordination={cfg.coordination.name} "
+            "picks among the roles' agents"
         )
     if monolithic and rule.asks_bids:
         raise ValueError(
@@ -273,7 +285,15 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
     runs = max(cfg.runs_per_seed, cfg.pass_k or 0)
     started = time.perf_counter()
     try:
-        evaluation = evaluate(loop, seeds, runs, cfg.seed, cfg.batch_size, progress=True)
+        evaluation = evaluate(
+            loop,
+            seeds,
+            runs,
+            cfg.seed,
+            cfg.batch_size,
+            progress=True,
+            mass_probe_prompts=cfg.bids.mass_probe_prompts,
+        )
     finally:
         loop.swarm.engine.close()
     wall = time.perf_counter() - started

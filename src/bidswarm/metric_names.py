@@ -80,3 +80,46 @@ EVAL_DURING = "eval_during"
 def seconds(phase: str) -> str:
     """``time/<phase>_s``: wall-clock seconds of a named phase of one update."""
     return f"time/{phase}_s"
+
+
+EXPERT_OWNER_AGREEMENT = "auction/expert_owner_agreement"
+"""[ours] Share of the decision steps whose actor is the agent the task's scripted expert would
+let act (the owner of its next step; both skipping agrees), over every step with the expert's
+view (not the monolithic agent's); ``/on_path`` and ``/off_path``: over the states the experts'
+own play reaches and the others (``Episode.on_expert_path``), where the bid demonstrations
+exist and where they do not."""
+VALID_LEVEL_MASS = "bids/valid_level_mass"
+"""[ours] ``bids/valid_level_mass/<role>``: the model's probability (temperature 1, no
+constraint) of replying exactly one of the bid levels, mean over the role's bid prompts of
+the episodes (at most ``bids.mass_probe_prompts`` of them, evenly spaced): 1 when the bid
+channel only ever writes bids, lower as its replies drift to other text."""
+TOP_TIE_FRAC = "auction/top_tie_frac"
+"""[ours] Share of the steps with bids where two or more agents bid the top (non-zero) level:
+the auction's winner was a coin flip."""
+SKIP_FRAC = "auction/skip_frac"
+"""[ours] Share of the decision steps that nobody acted at (all bids 0, or the rule skipped)."""
+SKIP_RUN_MAX = "auction/skip_run_max"
+"""[ours] The longest run of consecutive skipped steps in any episode."""
+WINNER_ENTROPY_BITS = "auction/winner_entropy_bits"
+"""[ours] Entropy in bits of which role acts, over the acting steps (0: one role acts always;
+log2 of the roles: each as often)."""
+TOP_CONTESTED_WIN_SHARE = "auction/top_contested_win_share"
+"""[ours] The largest share of the contested steps won by one agent; above
+:data:`bidswarm.rollout.market.DOMINANT_SHARE` the run warns that one agent wins almost every
+contest."""
+MARKET_HEALTH = (
+    EXPERT_OWNER_AGREEMENT,
+    VALID_LEVEL_MASS,
+    BID_PARSE_RATE,
+    TOP_TIE_FRAC,
+    SKIP_FRAC,
+    SKIP_RUN_MAX,
+    WINNER_ENTROPY_BITS,
+    TOP_CONTESTED_WIN_SHARE,
+)
+"""The market's health: what every run logs per update and per evaluation and prints at its
+end (``rollout/market.py``)."""
+BID_ANCHOR = "loss_bid_anchor"
+"""[ours] The bid anchor's loss in an action update (``bids.anchor_coef`` > 0): the negative
+log-likelihood per token of the task expert's bid labels at the update's bid prompts, before
+the coefficient; ``/<agent>`` per agent, the bare name the mean over the agents."""

@@ -9,6 +9,8 @@ Two styles (``ModelConfig.prompt_style``):
 - ``compact``: ``<s>logger bid: <observation> ->`` and ``<s>logger act: <observation> ->``, no
   descriptions: a tiny model trained from scratch only needs to tell the role and the kind of
   reply apart, and short prompts make it fast.
+
+``bids.prompt=apart`` [ours] also marks the reply wanted right before it (:class:`BidPrompt`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from bidswarm.config import PromptStyle
+from bidswarm.coordination.bid_readers import BidPrompt
 from bidswarm.envs.base import TextEnv, role_name
 from bidswarm.envs.experts import Demonstration, format_bid
 from bidswarm.envs.experts import parse_bid as parse_bid  # re-exported: how agents' bids are read
@@ -47,9 +50,12 @@ class PromptTemplate:
     role_descriptions: dict[str | None, str]
     bid_levels: tuple[float, ...]
     tokenizer: PreTrainedTokenizerBase | None = None
+    bid_prompt: BidPrompt = BidPrompt.paper
+    """How far apart the bid and action prompts are (``bids.prompt``, :class:`BidPrompt`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "style", PromptStyle(self.style))  # a str from a test or a YAML
+        object.__setattr__(self, "bid_prompt", BidPrompt(self.bid_prompt))
         if self.style == PromptStyle.chat and (
             self.tokenizer is None or not self.tokenizer.chat_template
         ):
@@ -65,6 +71,7 @@ class PromptTemplate:
         style: PromptStyle,
         tokenizer: PreTrainedTokenizerBase | None,
         bid_levels: list[float],
+        bid_prompt: BidPrompt | str = BidPrompt.paper,
     ) -> PromptTemplate:
         """The template of ``env``'s task, with every role's and the monolithic description."""
         roles: list[str | None] = [*env.roles, None]
@@ -74,24 +81,32 @@ class PromptTemplate:
             role_descriptions={role: env.role_description(role) for role in roles},
             bid_levels=tuple(bid_levels),
             tokenizer=tokenizer,
+            bid_prompt=BidPrompt(bid_prompt),
         )
 
     def bid(self, role: str, observation: str) -> str:
         """The prompt asking ``role`` how much it should act now."""
+        apart = self.bid_prompt == BidPrompt.apart
         if self.style == PromptStyle.compact:
-            return f"{self._bos()}{role} bid: {observation} ->"
+            return f"{self._bos()}{role} bid: {observation} " + ("=> bid:" if apart else "->")
         levels = ", ".join(format_bid(level) for level in self.bid_levels)
         request = (
             f"How urgently must you act now? Reply with one number from {levels}:\n"
             f"{bid_scale(list(self.bid_levels))}\n\nNow: {observation}"
         )
+        if apart:
+            request += "\n\nYour bid, one number only:"
         return self._chat(role, request)
 
     def action(self, role: str | None, observation: str) -> str:
         """The prompt asking ``role`` (None: the monolithic agent) for its next instruction."""
+        apart = self.bid_prompt == BidPrompt.apart
         if self.style == PromptStyle.compact:
-            return f"{self._bos()}{role_name(role)} act: {observation} ->"
+            end = "=> act:" if apart else "->"
+            return f"{self._bos()}{role_name(role)} act: {observation} {end}"
         request = f"Reply with your next instruction only.\n\nNow: {observation}"
+        if apart:
+            request += "\n\nYour instruction:"
         return self._chat(role, request)
 
     def demonstration_texts(self, demonstrations: list[Demonstration]) -> list[str]:

@@ -37,6 +37,7 @@ from bidswarm.config.choices import (
     SFTMatch,
 )
 from bidswarm.coordination import RULES, CoordinationConfig
+from bidswarm.coordination.bid_readers import BidsConfig
 from bidswarm.envs import TASKS, TaskConfig
 
 
@@ -358,6 +359,11 @@ class EvalConfig:
     that a multi-process run spreads over its processes (batch ``b`` on process
     ``b mod processes``), whose results do not depend on the number of processes. Lower it to
     spread a small evaluation over more processes (the numbers then change: the batches do)."""
+    reference_rules: list[str] = field(default_factory=lambda: ["expert_owner"])
+    """[ours] Coordination rules that also play the held-out worlds with the run's agents at
+    each evaluation before and after RL (``<key>_<rule>/*``), and the paired difference of
+    each against the run's own rule (``<key>/gap_to_<rule>/*``): ``expert_owner`` bounds what
+    the bid channel could reach with the same actions. Skipped for the monolithic agent."""
 
 
 @dataclass
@@ -367,6 +373,7 @@ class TrainConfig:
     task: TaskConfig = MISSING
     model: ModelConfig = MISSING
     coordination: CoordinationConfig = MISSING
+    bids: BidsConfig = MISSING
     credit: CreditConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
@@ -421,6 +428,7 @@ def register_configs() -> None:
     for name, rule in RULES.items():
         if rule.Config is not CoordinationConfig:  # a rule with parameters: its own schema
             cs.store(group="coordination", name=f"{name}_schema", node=rule.Config)
+    cs.store(group="bids", name="bids_schema", node=BidsConfig)
     cs.store(group="credit", name="credit_schema", node=CreditConfig)
     for name, credit in CREDIT_RULES.items():
         if credit.Config is not CreditConfig:

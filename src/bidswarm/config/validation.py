@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from bidswarm.algorithms.credit import CREDIT_RULES
 from bidswarm.checks import Problems
 from bidswarm.coordination import RULES
+from bidswarm.coordination.bid_readers import READERS
 
 
 def unknown_keys(node: Any, path: str = "") -> list[str]:
@@ -54,7 +55,7 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 LOGGERS = ("mlflow", "csv")
 TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 """MLflow stores bidswarm accepts; MLflow 3 refuses the old ``file:`` store by default."""
-GROUPS = ("task", "model", "coordination", "credit", "trainer", "logger")
+GROUPS = ("task", "model", "coordination", "bids", "credit", "trainer", "logger")
 OPTIONAL_GROUPS = ("ablation", "experiment", "debug")
 
 
@@ -70,6 +71,15 @@ def validate(cfg: Any) -> None:
     _task_problems(cfg.task, problems)
     _model_problems(cfg.model, problems)
     _rule_problems("coordination", RULES, cfg.coordination, problems)
+    rule = RULES.get(cfg.coordination.name)
+    problems.require(
+        rule is None or not rule.evaluation_only,
+        "coordination",
+        cfg.coordination.name,
+        "a rule that can train a swarm; this one only evaluates a trained one "
+        "(python -m bidswarm.evaluate run_dir=<run> coordination=...)",
+    )
+    _bids_problems(cfg, problems)
     _rule_problems("credit", CREDIT_RULES, cfg.credit, problems)
     _trainer_problems(cfg.trainer, problems)
     _logger_problems(cfg.logger, problems)
@@ -77,6 +87,14 @@ def validate(cfg: Any) -> None:
     _rl_problems(cfg, problems)
     _clipping_problems(cfg, problems)
     problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    for name in cfg.eval.reference_rules:
+        problems.require(
+            name in RULES and not RULES[name].monolithic,
+            "eval.reference_rules",
+            name,
+            f"a coordination rule of the roles' agents: one of "
+            f"{sorted(n for n, r in RULES.items() if not r.monolithic)}",
+        )
     if cfg.model.engine == "vllm":
         problems.require(
             not str(cfg.trainer.strategy).startswith("deepspeed"),
@@ -265,6 +283,17 @@ def _sft_problems(cfg: Any, problems: Problems) -> None:
     )
     problems.unit_interval("sft.bid_fraction", sft.bid_fraction, low_open=True)
     problems.at_least("sft.micro_batch_tokens", sft.micro_batch_tokens, 1)
+
+
+def _bids_problems(cfg: Any, problems: Problems) -> None:
+    bids = cfg.bids
+    problems.one_of("bids.reader", bids.reader, sorted(READERS))
+    for key in ("temperature", "eval_temperature"):
+        if bids[key] is not None:
+            problems.positive(f"bids.{key}", bids[key])
+    problems.non_negative("bids.anchor_coef", bids.anchor_coef)
+    problems.at_least("bids.anchor_prompts", bids.anchor_prompts, 1)
+    problems.at_least("bids.mass_probe_prompts", bids.mass_probe_prompts, 0)
 
 
 def _rl_problems(cfg: Any, problems: Problems) -> None:

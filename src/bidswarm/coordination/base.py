@@ -69,6 +69,8 @@ class Situation:
                     for proposals; the diagonal is only filled for a lone agent.
     absent:         agents that dropped out at this step (evaluation ``dropout``): they neither
                     bid, propose nor act, and every rule routes around them.
+    expert_choice:  the present agents whose role the task's scripted expert would let act
+                    (empty: it would skip); only for rules that ask for it.
     """
 
     n_agents: int
@@ -78,6 +80,7 @@ class Situation:
     bids: Mapping[int, float] = field(default_factory=dict)
     peer_scores: tuple[tuple[float, ...], ...] = ()
     absent: frozenset[int] = frozenset()
+    expert_choice: frozenset[int] = frozenset()
 
     @property
     def present(self) -> list[int]:
@@ -176,6 +179,12 @@ class CoordinationRule(abc.ABC):
     the others' (the acting proposal is then the action: no second generation)."""
     reads_observations: ClassVar[bool] = False
     """Whether situations carry the shared observation text."""
+    asks_expert: ClassVar[bool] = False
+    """Whether situations carry the task expert's choice (:attr:`Situation.expert_choice`):
+    a reference rule, which training refuses (:attr:`evaluation_only`)."""
+    evaluation_only: ClassVar[bool] = False
+    """Whether the rule may only evaluate a trained swarm (``python -m bidswarm.evaluate``),
+    not train one: ``python -m bidswarm.train`` refuses it."""
     makes_contested_steps: ClassVar[bool] = False
     """Whether decisions name a bidding runner-up, so steps can be contested, forked and the
     bids trained by bid updates (Eq. 3): the schedule has bid updates, and the default of each

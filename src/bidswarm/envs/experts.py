@@ -69,6 +69,21 @@ def parse_bid(text: str, levels: list[float]) -> tuple[float, bool]:
     return snap_to_level(value, levels), True
 
 
+def expert_levels(env: TextEnv, bid_levels: list[float]) -> dict[str, float]:
+    """Every role's expert bid now (:meth:`TextEnv.expert_bid`), snapped to ``bid_levels``."""
+    return {role: snap_to_level(env.expert_bid(role), bid_levels) for role in env.roles}
+
+
+def expert_owners(levels: dict[str, float]) -> frozenset[str]:
+    """The roles the experts' auction would let act: those with the top non-zero bid (empty:
+    the experts skip the step). A task's experts never tie at the top (the task contract
+    check), so this is one role or none."""
+    top = max(levels.values(), default=0.0)
+    if top <= 0.0:
+        return frozenset()
+    return frozenset(role for role, level in levels.items() if level == top)
+
+
 def play_expert_episode(env: TextEnv, seed: int, bid_levels: list[float]) -> ExpertEpisode:
     """Run the experts on world ``seed``: highest expert bid acts, ties uniform, all-zero skips."""
     rng = random.Random(seed)
@@ -76,7 +91,7 @@ def play_expert_episode(env: TextEnv, seed: int, bid_levels: list[float]) -> Exp
     episode = ExpertEpisode(seed=seed)
     while not env.done:
         observations = {role: env.observation(role) for role in env.roles}
-        bids = {role: snap_to_level(env.expert_bid(role), bid_levels) for role in env.roles}
+        bids = expert_levels(env, bid_levels)
         for role in env.roles:
             episode.demonstrations.append(
                 Demonstration("bid", role, observations[role], format_bid(bids[role]))

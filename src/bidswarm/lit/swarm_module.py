@@ -19,6 +19,7 @@ with ``rl.kl_coef`` above 0 the frozen reference scores every row the update tra
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Iterable
 
 import lightning as L
@@ -42,10 +43,11 @@ from bidswarm.algorithms.losses import (
 from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
+from bidswarm.lit.bid_anchor import bid_anchor_loss
 from bidswarm.lit.collectives import sum_over_processes
 from bidswarm.lit.memory import gpu_memory, release_cached_blocks
 from bidswarm.lit.sampler_mismatch import LogprobGap, sampled_logprob_rows
-from bidswarm.rollout.batches import ActionBatch, BidBatch
+from bidswarm.rollout.batches import ActionBatch, BidBatch, BidLabelBatch
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.metrics import timed
 from bidswarm.rollout.usage import Usage
@@ -58,14 +60,23 @@ class SwarmModule(L.LightningModule):
     """
 
     def __init__(
-        self, population: Population, collector: Collector, rl: RLConfig, temperature: float
+        self,
+        population: Population,
+        collector: Collector,
+        rl: RLConfig,
+        temperature: float,
+        bid_temperature: float | None = None,
     ):
+        """``bid_temperature``: at which the sampled reader's bid replies are scored (None:
+        ``temperature``); the bid channel's other settings are the collector's."""
         super().__init__()
         self.automatic_optimization = False
         self.population = population
         self.collector = collector
         self.rl = rl
+        self.bids = collector.bids
         self.temperature = temperature
+        self.bid_temperature = bid_temperature or temperature
         self.history: list[dict[str, float]] = []
         self.usage = Usage()
         """The run's training ledger: every update's counts of every process, summed
@@ -238,20 +249,27 @@ class SwarmModule(L.LightningModule):
         totals: dict[str, torch.Tensor] = {}
         gap = LogprobGap()
         group_means = self.role_decision_baselines(batches)
+        kinds = Counter(type(batch) for batch in batches)
         for batch in batches:
             extra: dict[str, torch.Tensor] = {}
             if isinstance(batch, ActionBatch):
                 name = "loss_action"
                 means = group_means.get(batch.agent)
                 loss = self.action_loss(batch, accumulator.backward, means, extra, gap)
+            elif isinstance(batch, BidLabelBatch):
+                name = names.BID_ANCHOR
+                policy = self.population.agents[batch.agent]
+                coef, budget = self.bids.anchor_coef, self.rl.micro_batch_tokens
+                loss = bid_anchor_loss(policy, batch, coef, budget, accumulator.backward)
             else:
                 name = "loss_bid"
                 loss = self.bid_loss(batch, accumulator.backward, extra, gap)
             agent = agent_folder_name(batch.agent, self.population[batch.agent].role)
             metrics[f"{name}/{agent}"] = float(loss)
-            totals[name] = totals.get(name, 0) + loss / len(batches)
+            share = kinds[type(batch)]
+            totals[name] = totals.get(name, 0) + loss / share
             for term, value in extra.items():
-                totals[term] = totals.get(term, 0) + value / len(batches)
+                totals[term] = totals.get(term, 0) + value / share
         if accumulator.synchronize():
             optimizer = self.optimizers()
             if self.rl.grad_clip > 0:
@@ -373,7 +391,7 @@ class SwarmModule(L.LightningModule):
         total = torch.zeros((), device=policy.device)
         kl_on, kl_total = self.rl.kl_coef > 0, torch.zeros(())
         for part, prompts, replies in batch.forwards(policy, self.rl.micro_batch_tokens):
-            logp, mask = policy.reply_token_logprobs(prompts, replies, temperature=self.temperature)
+            logp, mask = policy.reply_token_logprobs(prompts, replies, self.bid_temperature)
             summed = (logp * mask).sum(dim=1)
             n = len(part)
             sampled, present = sampled_logprob_rows(
@@ -404,7 +422,7 @@ class SwarmModule(L.LightningModule):
             total = total + loss.detach()
             if kl_on:
                 reference = self.references[batch.agent].reply_token_logprobs(
-                    prompts, replies, self.temperature
+                    prompts, replies, self.bid_temperature
                 )
                 row_weights = weights[part.start : part.stop].repeat(2)
                 kl = kl_penalty(logp, reference, mask, 2 * weight_sum, row_weights)["kl"]

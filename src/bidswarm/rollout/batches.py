@@ -8,7 +8,7 @@ update's from the forks' preference pairs (Eq. 3).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -98,6 +98,59 @@ class BidBatch:
             policy.forward_tokens(f.prompt_ids, f.reply_ids)
             for f in self.forwards(policy, token_budget)
         )
+
+
+@dataclass(frozen=True)
+class BidLabelBatch:
+    """One agent's bid prompts with the task expert's bid at each (its canonical reply): the
+    targets of the bid anchor (``bids.anchor_coef``), a negative log-likelihood in action
+    updates."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    reply_ids: list[list[int]]
+
+    def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
+        rows = policy.forward_row_tokens(self.prompt_ids, self.reply_ids)
+        return [
+            Forward(part, [self.prompt_ids[i] for i in part], [self.reply_ids[i] for i in part])
+            for part in micro_batches(rows, token_budget)
+        ]
+
+    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
+        return sum(
+            policy.forward_tokens(f.prompt_ids, f.reply_ids)
+            for f in self.forwards(policy, token_budget)
+        )
+
+
+def bid_label_batches(
+    episodes: list[Episode],
+    roles: list[str | None],
+    reply_ids: Callable[[int, float], list[int]],
+    limit: int,
+) -> list[BidLabelBatch]:
+    """Per agent that bid, up to ``limit`` of its bid prompts in ``episodes`` (evenly spaced)
+    with the task expert's bid for its role there (``StepRecord.expert_levels``) as the reply
+    (``reply_ids(agent, level)``: the level's canonical reply in the agent's tokens)."""
+    rows: dict[int, list[tuple[list[int], float]]] = {}
+    for step in (s for e in episodes for s in e.steps if s.expert_levels):
+        for agent, bid in step.bids.items():
+            if bid.reply.prompt_ids:
+                level = step.expert_levels[roles[agent]]
+                rows.setdefault(agent, []).append((bid.reply.prompt_ids, level))
+    batches = []
+    for agent, items in sorted(rows.items()):
+        if len(items) > limit:
+            items = [items[i * len(items) // limit] for i in range(limit)]
+        batches.append(
+            BidLabelBatch(
+                agent,
+                [prompt for prompt, _ in items],
+                [reply_ids(agent, level) for _, level in items],
+            )
+        )
+    return batches
 
 
 def credited_batches(

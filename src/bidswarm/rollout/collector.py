@@ -28,15 +28,19 @@ from enum import Enum
 from bidswarm import metric_names as names
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.config import BidSlotWithoutBids, RLConfig
+from bidswarm.coordination.bid_readers import BidsConfig
 from bidswarm.rollout.batches import (
     ActionBatch,
     BidBatch,
+    BidLabelBatch,
+    bid_label_batches,
     credited_batches,
     preference_batches,
 )
 from bidswarm.rollout.forks import ForkExample, fork_pairs
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.market import valid_level_mass
 from bidswarm.rollout.memory_credit import memory_tree_metrics
 from bidswarm.rollout.metrics import episode_metrics, timed
 from bidswarm.rollout.usage import Usage
@@ -57,7 +61,7 @@ class Collected:
     this process spent on it (``usage``: the update's counts only, not the run's totals)."""
 
     kind: UpdateKind
-    batches: list[ActionBatch] | list[BidBatch]
+    batches: list[ActionBatch | BidLabelBatch] | list[BidBatch]
     metrics: dict[str, float]
     usage: Usage = field(default_factory=Usage)
 
@@ -78,9 +82,13 @@ class Collector:
         credit_rule: CreditRule,
         train_seeds: list[int],
         seed: int,
+        bids: BidsConfig | None = None,
     ):
+        """``bids``: the bid channel's settings that the collector reads (the anchor's labels,
+        the valid-level probe); None: the paper's."""
         self.loop = loop
         self.rl = rl
+        self.bids = bids or BidsConfig(name="paper")
         self.credit_rule = credit_rule
         self.train_seeds = train_seeds
         self.seed = seed
@@ -137,7 +145,7 @@ class Collector:
 
     def _collect(
         self, update: int, rank: int
-    ) -> tuple[UpdateKind, list[ActionBatch] | list[BidBatch], dict[str, float]]:
+    ) -> tuple[UpdateKind, list[ActionBatch | BidLabelBatch] | list[BidBatch], dict[str, float]]:
         kind = self.update_kind(update)
         swarm = self.loop.swarm
         device = next(swarm.population.parameters()).device
@@ -147,13 +155,22 @@ class Collector:
             seeds = rng.sample(self.train_seeds, self.worlds_per_update(kind))
             episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == UpdateKind.bid)
         metrics = episode_metrics(episodes, swarm.roles, swarm.bid_levels)
-        batches: list[ActionBatch] | list[BidBatch]
+        if self.bids.mass_probe_prompts:
+            metrics |= valid_level_mass(swarm, episodes, self.bids.mass_probe_prompts)
+        batches: list[ActionBatch | BidLabelBatch] | list[BidBatch]
         if kind == UpdateKind.action:
             with timed(timings, "credit"):
                 batches, discarded = credited_batches(
                     episodes, self.credit_rule, rng, swarm.bid_levels
                 )
             metrics["credit/discarded"] = discarded
+            if self.bids.anchor_coef > 0:  # the bid anchor's labels, the swarm's own states
+                batches = [
+                    *batches,
+                    *bid_label_batches(
+                        episodes, swarm.roles, swarm.level_reply_ids, self.bids.anchor_prompts
+                    ),
+                ]
             if self.credit_rule.reads_memory:  # contribution trees: their diagnostics
                 metrics |= memory_tree_metrics(
                     episodes, self.credit_rule, swarm.roles, swarm.bid_levels

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.market import valid_level_mass
 from bidswarm.rollout.metrics import episode_metrics
 from bidswarm.rollout.records import Bid, Episode
 from bidswarm.rollout.usage import Usage
@@ -112,9 +113,10 @@ def play_batches(
     progress: bool = False,
 ) -> PlayedBatches:
     """Play the evaluation's batches ``rank, rank + processes, ...`` (sampling, each batch's own
-    randomness), counting into a ledger of its own (``Swarm.separate_usage``) so that held-out
-    evaluation never shows up in the training ``tokens/*`` and ``flops/*``. ``progress``: a bar
-    on stderr (process 0) over the lock-step decisions, ``task.max_decisions`` per batch (a
+    randomness), counting into a ledger of its own (``Swarm.evaluating``, which also sets the
+    bids' evaluation temperature) so that held-out evaluation never shows up in the training
+    ``tokens/*`` and ``flops/*``. ``progress``: a bar on stderr (process 0) over the lock-step
+    decisions, ``task.max_decisions`` per batch (a
     batch whose episodes all end sooner jumps to its end)."""
     device = next(loop.swarm.population.parameters()).device
     batches = evaluation_batches(seeds, runs_per_seed, batch_size)
@@ -123,7 +125,7 @@ def play_batches(
     shown = progress and rank == 0
     bar = tqdm(total=len(mine) * horizon, desc="held-out", unit="decision", disable=not shown)
     played = PlayedBatches()
-    with loop.swarm.separate_usage() as usage, bar:
+    with loop.swarm.evaluating() as usage, bar:
         for position, index in enumerate(mine):
             bar.set_postfix(batch=f"{position + 1}/{len(mine)}", episodes=len(batches[index]))
             rng, generator = batch_randomness(seed, index, device)
@@ -136,10 +138,12 @@ def play_batches(
 
 
 def summarize_evaluation(
-    parts: list[PlayedBatches], loop: RolloutLoop, runs_per_seed: int
+    parts: list[PlayedBatches], loop: RolloutLoop, runs_per_seed: int, mass_probe_prompts: int = 0
 ) -> Evaluation:
     """The evaluation of every batch that ``parts`` (one per process) played, its episodes in
-    batch order as one process plays them: statistics over worlds, pass@k, and the usage summed."""
+    batch order as one process plays them: statistics over worlds, pass@k, the usage summed,
+    and the bid policies' valid-level mass at up to ``mass_probe_prompts`` bid prompts per
+    agent (``rollout/market.py``; 0: not measured)."""
     by_batch = {index: batch for part in parts for index, batch in part.episodes.items()}
     episodes = [e for index in sorted(by_batch) for e in by_batch[index]]
     usage = Usage()
@@ -154,6 +158,8 @@ def summarize_evaluation(
         "reward/ci_high": reward.ci_high,
         "worlds": float(reward.n),
     }
+    if mass_probe_prompts:
+        metrics |= valid_level_mass(loop.swarm, episodes, mass_probe_prompts)
     pass_metrics, world_pass_at_k = pass_at_k_metrics(episodes, runs_per_seed)
     return Evaluation(metrics | pass_metrics, episodes, world_rewards, world_pass_at_k, usage)
 
@@ -165,11 +171,12 @@ def evaluate(
     seed: int,
     batch_size: int = 64,
     progress: bool = False,
+    mass_probe_prompts: int = 0,
 ) -> Evaluation:
     """Play ``seeds`` x ``runs_per_seed`` episodes in this process, ``batch_size`` in lock-step
     at a time (:func:`play_batches`, with its bar if ``progress``), and summarize them."""
     played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, progress=progress)
-    return summarize_evaluation([played], loop, runs_per_seed)
+    return summarize_evaluation([played], loop, runs_per_seed, mass_probe_prompts)
 
 
 def _without_token_ids(episode: Episode) -> Episode:

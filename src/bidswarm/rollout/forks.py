@@ -381,7 +381,11 @@ def redraw_bids(
     """Per fork (``envs[k]`` restored to ``steps[k]``), the winner's counterfactual bid reply
     below the runner-up's (None: the fork is not played) and the fork's weight, as
     ``rl.bid_resample`` says (:class:`~bidswarm.config.BidResampling`); resampled replies that
-    do not parse are counted in ``stats``."""
+    do not parse are counted in ``stats``. A level reader (``bids.reader``) samples no reply:
+    its fork draws a level below the runner-up's, weighted as ``weighted_below_runner_up``
+    unless ``rl.bid_resample=below_runner_up``."""
+    if loop.swarm.reader.reads_levels:  # no sampled replies: a level drawn below, weighted
+        return _draw_bids_below(loop, envs, steps, rl, generator)
     if rl.bid_resample == BidResampling.rejection:
         return _resample_bids(loop, envs, steps, rl, generator, stats), [1.0] * len(steps)
     if rl.bid_resample == BidResampling.sampled_below_runner_up:
@@ -439,7 +443,7 @@ def _draw_bids_below(
     would never be kept: it is not played (None)."""
     found: list[Reply | None] = [None] * len(steps)
     weights = [1.0] * len(steps)
-    weighted = rl.bid_resample == BidResampling.weighted_below_runner_up
+    weighted = rl.bid_resample != BidResampling.below_runner_up
     for agent, ks in group_by(range(len(steps)), lambda k: steps[k].actor):
         drawn, masses = loop.swarm.bid_below(
             agent,

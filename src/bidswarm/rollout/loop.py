@@ -19,6 +19,7 @@ import torch
 
 from bidswarm.coordination.base import CoordinationRule, Decision, Situation
 from bidswarm.envs.base import MONOLITHIC, TextEnv
+from bidswarm.envs.experts import expert_levels, expert_owners
 from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
@@ -44,6 +45,12 @@ class RolloutLoop:
         self.coordination = coordination
         self.dropout = dropout
         self._pool: list[TextEnv] = []
+
+    def with_rule(self, coordination: CoordinationRule) -> RolloutLoop:
+        """The same swarm, dropout and environment objects under another rule."""
+        other = RolloutLoop(self.make_env, self.swarm, coordination, self.dropout)
+        other._pool = self._pool
+        return other
 
     def envs(self, n: int) -> list[TextEnv]:
         """``n`` environment objects, reused across calls (building one can be costly)."""
@@ -93,6 +100,8 @@ class RolloutLoop:
         live = [i for i, env in enumerate(envs) if not env.done]
         while live:
             live_envs = [envs[i] for i in live]
+            live_episodes = [episodes[i] for i in live]
+            experts = [self._expert_levels(env) for env in live_envs]
             situations: list[Situation] | None = None
             if first_actors is not None:
                 # A branch's forced first actor: no bids decided it, and it is no fork point.
@@ -103,18 +112,23 @@ class RolloutLoop:
                 actions: list[Reply | None] = [None] * len(live)
                 first_actors = None
             else:
-                live_episodes = [episodes[i] for i in live]
-                situations, bids, proposals = self._gather(live_envs, live_episodes, generator, rng)
+                situations, bids, proposals = self._gather(
+                    live_envs, live_episodes, generator, rng, experts
+                )
                 decisions = self.coordination.settle(self.coordination.decide(situations, rng))
                 actions = self._proposed_actions(decisions, proposals)
             self._generate_actions(live_envs, decisions, actions, generator)
             rewards = []
             scores = [s.proposal_scores for s in situations] if situations else [{}] * len(live)
-            for env_index, env, decision, step_bids, action, step_scores in zip(
-                live, live_envs, decisions, bids, actions, scores, strict=True
+            for env_index, env, decision, step_bids, action, step_scores, levels in zip(
+                live, live_envs, decisions, bids, actions, scores, experts, strict=True
             ):
-                record = self._step(env, decision, step_bids, action, keep_snapshots)
+                record = StepRecord(env.decisions_made, decision, step_bids, action)
                 record.proposal_scores = step_scores
+                record.expert_levels = levels
+                if levels and _reaches_expert_state(env, episodes[env_index]):
+                    record.followed_expert = self._follows_expert(env, record)
+                self._step(env, record, keep_snapshots)
                 episodes[env_index].steps.append(record)
                 rewards.append(record.reward)
             if situations is not None:
@@ -137,8 +151,10 @@ class RolloutLoop:
         episodes: list[Episode],
         generator: torch.Generator,
         rng: random.Random,
+        experts: list[dict[str, float]] | None = None,
     ) -> tuple[list[Situation], list[dict[int, Bid]], list[list[Reply | None]]]:
-        """The rule's situation in each env, the bids sampled for it, and (for rules that ask
+        """The rule's situation in each env (``experts``: each env's expert levels, for a rule
+        that asks for the expert's choice), the bids sampled for it, and (for rules that ask
         for proposals) every present agent's proposed action in each env, ``[env][agent]``
         (None for an absent agent)."""
         rule = self.coordination
@@ -152,6 +168,12 @@ class RolloutLoop:
             )
             for env, episode in zip(envs, episodes, strict=True)
         ]
+        if rule.asks_expert:
+            experts = experts or [self._expert_levels(env) for env in envs]
+            situations = [
+                replace(s, expert_choice=self.expert_choice(levels, s.present))
+                for s, levels in zip(situations, experts, strict=True)
+            ]
         bids: list[dict[int, Bid]] = [{} for _ in envs]
         if rule.asks_bids:
             bids = self._sample_bids(envs, [rule.bidders(s) for s in situations], generator)
@@ -251,15 +273,33 @@ class RolloutLoop:
             for pos, reply in zip(positions, replies, strict=True):
                 actions[pos] = reply
 
-    def _step(
-        self,
-        env: TextEnv,
-        decision: Decision,
-        bids: dict[int, Bid],
-        action: Reply | None,
-        keep_snapshots: bool,
-    ) -> StepRecord:
-        record = StepRecord(env.decisions_made, decision, bids, action)
+    # -- the experts' view (what the market's health is measured against) ---------------------
+    def _expert_levels(self, env: TextEnv) -> dict[str, float]:
+        """Every role's expert bid in ``env`` now (``envs.experts.expert_levels``); none for the
+        monolithic agent, who has no role to pick."""
+        if None in self.swarm.roles:
+            return {}
+        return expert_levels(env, self.swarm.bid_levels)
+
+    def _follows_expert(self, env: TextEnv, record: StepRecord) -> bool:
+        """Whether the step about to be taken is the experts' own (read before the env steps)."""
+        owners = record.expert_owners
+        if record.actor is None:
+            return not owners
+        role = self.swarm.role(record.actor)
+        if role not in owners or record.action is None:
+            return False
+        return record.action.text.strip() == (env.expert_action(role) or "").strip()
+
+    def expert_choice(self, levels: dict[str, float], present: list[int]) -> frozenset[int]:
+        """The present agents whose role the task's expert would let act (empty: it skips)."""
+        owners = expert_owners(levels)
+        return frozenset(agent for agent in present if self.swarm.role(agent) in owners)
+
+    # -- stepping ------------------------------------------------------------------------------
+    def _step(self, env: TextEnv, record: StepRecord, keep_snapshots: bool) -> None:
+        """Take the decided step in ``env``, filling in ``record``."""
+        decision, action = record.decision, record.action
         if keep_snapshots and record.contested:
             record.snapshot = env.snapshot()
             record.open_reward = env.open_reward()
@@ -273,4 +313,11 @@ class RolloutLoop:
         record.valid_action = result.valid
         record.memory = result.memory
         record.message = result.message
-        return record
+
+
+def _reaches_expert_state(env: TextEnv, episode: Episode) -> bool:
+    """Whether ``env``'s state is one the experts' own play reaches: the episode's start, or
+    every step so far followed them (a fork branch starts mid-episode: not known, False)."""
+    if not episode.steps:
+        return env.decisions_made == 0
+    return episode.steps[-1].followed_expert is True

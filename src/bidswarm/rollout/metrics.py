@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 from bidswarm import metric_names as names
 from bidswarm.envs.base import role_name
+from bidswarm.rollout.market import market_metrics
 from bidswarm.rollout.records import Episode
 from bidswarm.statistics import summarize
 
@@ -48,7 +49,7 @@ def episode_metrics(
     parsed = [bid.parsed for e in episodes for s in e.steps for bid in s.bids.values()]
     if parsed:  # rules that ask for bids
         metrics[names.BID_PARSE_RATE] = sum(parsed) / len(parsed)
-    return metrics
+    return metrics | market_metrics(episodes, roles)
 
 
 def winning_bid_metrics(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bidswarm.coordination.base import Decision
+from bidswarm.envs.experts import expert_owners
 from bidswarm.envs.memory import MemoryTrace
 
 
@@ -47,6 +48,15 @@ class StepRecord:
     message:  the environment's feedback on the step (shown in the next observation).
     proposal_scores: each present agent's proposal -> its mean peer score, what a rule that
               asks for proposals read (:attr:`Situation.proposal_scores`; empty otherwise).
+    expert_levels: each role's expert bid in the state before the step, snapped to the bid
+              levels (``envs.experts.expert_levels``): whom the task's expert would let act
+              (:attr:`expert_owners`) and the bid labels of the swarm's own states; empty for
+              the monolithic agent (no roles to pick from).
+    followed_expert: whether the step went as the experts' play would have gone from an
+              expert state (the expert's owner acted and wrote the expert's action, or the
+              experts would have skipped and the step was skipped); None once the episode has
+              left the experts' path, in a fork branch (which starts mid-episode) and for the
+              monolithic agent. :attr:`Episode.on_expert_path` reads it.
     """
 
     index: int
@@ -62,10 +72,17 @@ class StepRecord:
     memory: MemoryTrace | None = None
     message: str = ""
     proposal_scores: dict[int, float] = field(default_factory=dict)
+    expert_levels: dict[str, float] = field(default_factory=dict)
+    followed_expert: bool | None = None
 
     @property
     def actor(self) -> int | None:
         return self.decision.actor
+
+    @property
+    def expert_owners(self) -> frozenset[str]:
+        """The roles the task's expert would let act here (empty: it would skip)."""
+        return expert_owners(self.expert_levels)
 
     @property
     def contested(self) -> bool:
@@ -92,6 +109,16 @@ class Episode:
     def acting_steps(self) -> list[StepRecord]:
         """The chain of actors that credit flows along (skipped steps dropped, PAPER.md 3)."""
         return [step for step in self.steps if step.actor is not None]
+
+    @property
+    def on_expert_path(self) -> list[bool]:
+        """Per step, whether its state is one the experts' own play reaches (every earlier step
+        :attr:`StepRecord.followed_expert`): the states the bid demonstrations label."""
+        flags, on_path = [], True
+        for step in self.steps:
+            flags.append(on_path)
+            on_path = on_path and step.followed_expert is True
+        return flags
 
     def reward_from(self, index: int) -> float:
         """Environment reward from step ``index`` (inclusive) to the end: a fork's branch score."""

@@ -19,9 +19,10 @@ import torch
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.resampling import draw_below
+from bidswarm.coordination.bid_readers import BidReader, Sampled
 from bidswarm.engines import Generation, PromptBatch, RolloutEngine
 from bidswarm.envs.base import TextEnv
-from bidswarm.envs.experts import format_bid
+from bidswarm.envs.experts import format_bid, snap_to_level
 from bidswarm.rollout.records import Bid, Reply
 from bidswarm.rollout.usage import Usage
 
@@ -45,7 +46,13 @@ class Swarm:
         engine: RolloutEngine,
         bid_population: Population | None = None,
         token_budget: int | None = None,
+        reader: BidReader | None = None,
+        bid_temperature: float | None = None,
+        eval_bid_temperature: float | None = None,
     ):
+        """``reader``: how bids are read (``bids.reader``; default the paper's ``sampled``);
+        ``bid_temperature`` / ``eval_bid_temperature``: the bids' temperature in training and
+        in held-out evaluation (:meth:`evaluating`); None: ``temperature`` / the training one."""
         self.population = population
         self.bid_population = bid_population or population
         """Whose bid policies bid (the component ablation mixes checkpoints); default: the same."""
@@ -57,6 +64,11 @@ class Swarm:
         self.engine = engine
         self.token_budget = token_budget
         self.usage = Usage()
+        self.reader = reader or Sampled()
+        self.train_bid_temperature = bid_temperature or temperature
+        self.eval_bid_temperature = eval_bid_temperature or self.train_bid_temperature
+        self.bid_temperature = self.train_bid_temperature
+        """The bids' temperature now: the training one, the evaluation one in :meth:`evaluating`."""
         self.weights_per_agent = [agent.parameter_counts() for agent in population.agents]
         """What each agent's tokens run through (its FLOPs per token; LoRA: base + own adapter)."""
 
@@ -79,6 +91,17 @@ class Swarm:
             yield self.usage
         finally:
             self.usage = kept
+
+    @contextmanager
+    def evaluating(self) -> Iterator[Usage]:
+        """A held-out evaluation inside the block: its own ledger (:meth:`separate_usage`) and
+        the bids at their evaluation temperature."""
+        self.bid_temperature = self.eval_bid_temperature
+        try:
+            with self.separate_usage() as usage:
+                yield usage
+        finally:
+            self.bid_temperature = self.train_bid_temperature
 
     def _generate(
         self,
@@ -137,24 +160,57 @@ class Swarm:
         ``temperature`` (None: the swarm's). A malformed reply bids 0 and is counted."""
         prompts = self._bid_prompts(agent, envs, copies)
         replies = self._generate(
-            self.bid_population, [agent], [prompts], self.max_bid_tokens, generator, temperature
+            self.bid_population,
+            [agent],
+            [prompts],
+            self.max_bid_tokens,
+            generator,
+            temperature or self.bid_temperature,
         )[0]
         return self._parse_bids(replies)
 
     def bid_many(
         self, agents: list[int], envs: list[list[TextEnv]], generator: torch.Generator
     ) -> list[list[Bid]]:
-        """Each ``agents[i]``'s bid in each of ``envs[i]``, counted as :meth:`bid` counts them,
-        in one call of the engine (LoRA agents of one base: one batch across their adapters;
-        for the same ``generator`` their sampled bids differ from :meth:`bid`'s one by one)."""
+        """Each ``agents[i]``'s bid in each of ``envs[i]``, read by the swarm's reader: sampled
+        replies counted as :meth:`bid` counts them, in one call of the engine (LoRA agents of
+        one base: one batch across their adapters; for the same ``generator`` their sampled
+        bids differ from :meth:`bid`'s one by one); or a level reader's bids
+        (:meth:`read_levels`)."""
         prompts = [
             self._bid_prompts(agent, agent_envs)
             for agent, agent_envs in zip(agents, envs, strict=True)
         ]
+        if self.reader.reads_levels:
+            pairs = zip(agents, prompts, strict=True)
+            return [self.read_levels(agent, texts) for agent, texts in pairs]
         replies = self._generate(
-            self.bid_population, agents, prompts, self.max_bid_tokens, generator
+            self.bid_population,
+            agents,
+            prompts,
+            self.max_bid_tokens,
+            generator,
+            self.bid_temperature,
         )
         return [self._parse_bids(agent_replies) for agent_replies in replies]
+
+    def read_levels(self, agent: int, prompts: list[str]) -> list[Bid]:
+        """``agent``'s bid at each bid prompt by a level reader (``bids.reader``) from the
+        log-probs of every level's canonical reply (:meth:`level_logprobs`, counted as rollout
+        tokens). Its reply is the canonical text of the bid's nearest level: what a fork
+        compares with the level drawn below the runner-up."""
+        policy = self.bid_population.agents[agent]
+        prompt_ids = policy.encode_prompts(prompts)
+        with torch.no_grad():
+            logprobs = self.level_logprobs(agent, prompt_ids).tolist()
+        bids = []
+        for ids, row in zip(prompt_ids, logprobs, strict=True):
+            value = self.reader.read(row, self.bid_levels, self.bid_temperature)
+            text = format_bid(snap_to_level(value, self.bid_levels))
+            reply = Reply(agent, ids, policy.encode_reply(self.prompts.reply_text(text)), text)
+            bids.append(Bid(value, reply, True))
+        self.usage.count_bids(True for _ in bids)
+        return bids
 
     def bid_below(
         self,
@@ -192,7 +248,7 @@ class Swarm:
         prompt_ids = [prompts[k] for k, _ in rows]
         reply_ids = [replies[level] for _, level in rows]
         logprobs, _ = self.engine.score(
-            policy, prompt_ids, reply_ids, temperature or self.temperature, self.token_budget
+            policy, prompt_ids, reply_ids, temperature or self.bid_temperature, self.token_budget
         )
         self._count_rollout(agent, _tokens(prompt_ids, reply_ids))
         drawn, masses, start = [], [], 0
@@ -203,6 +259,34 @@ class Swarm:
             masses.append(mass)
             start += len(levels)
         return drawn, masses
+
+    def level_logprobs(
+        self, agent: int, prompt_ids: list[list[int]], counted: bool = True
+    ) -> torch.Tensor:
+        """``[prompts, levels]``: the log-prob, at temperature 1, that ``agent``'s bid policy
+        replies exactly each bid level's canonical text (``format_bid``, then end of sequence)
+        to each bid prompt: one teacher-forced forward of every prompt with every level's reply,
+        counted as rollout tokens unless ``counted`` is False (a diagnostic)."""
+        policy = self.bid_population.agents[agent]
+        replies = [self.level_reply_ids(agent, level) for level in self.bid_levels]
+        rows_prompts = [prompt for prompt in prompt_ids for _ in replies]
+        rows_replies = [reply for _ in prompt_ids for reply in replies]
+        with torch.no_grad():
+            sums, _ = self.engine.score(policy, rows_prompts, rows_replies, 1.0, self.token_budget)
+        if counted:
+            self._count_rollout(agent, _tokens(rows_prompts, rows_replies))
+        return sums.float().reshape(len(prompt_ids), len(replies))
+
+    def level_reply_ids(self, agent: int, level: float) -> list[int]:
+        """The canonical reply of bid ``level`` in ``agent``'s bid policy's tokens."""
+        policy = self.bid_population.agents[agent]
+        return policy.encode_reply(self.prompts.reply_text(format_bid(level)))
+
+    def level_mass(self, agent: int, prompt_ids: list[list[int]]) -> list[float]:
+        """The probability that ``agent``'s bid policy replies exactly one of the bid levels, per
+        prompt (:meth:`level_logprobs`; not counted: a diagnostic)."""
+        logprobs = self.level_logprobs(agent, prompt_ids, counted=False)
+        return logprobs.exp().sum(dim=1).tolist()
 
     def act(self, agent: int, envs: list[TextEnv], generator: torch.Generator) -> list[Reply]:
         """``agent``'s action reply in each env."""

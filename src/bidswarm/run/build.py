@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.coordination import RULES, make_coordination
+from bidswarm.coordination.bid_readers import make_reader
 from bidswarm.engines import make_engine
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC, TextEnv
@@ -46,7 +47,9 @@ def build_population(
     if cfg.init_from is not None:
         source = Population.from_pretrained(init_population_folder(cfg))
         return source.replicate(cfg.coordination.replicas)
-    texts = PromptTemplate.for_env(env, "compact", None, list(cfg.coordination.bid_levels))
+    texts = PromptTemplate.for_env(
+        env, "compact", None, list(cfg.coordination.bid_levels), cfg.bids.prompt
+    )
     corpus = [env.task_description] + [env.role_description(r) for r in env.roles]
     corpus += texts.demonstration_texts(demonstrations) + env.vocabulary_texts()
     return Population.build(
@@ -74,7 +77,9 @@ def build_rollout_loop(
     env = make_env(task_config)
     levels = list(cfg.coordination.bid_levels)
     tokenizer = population.agents[0].tokenizer
-    prompts = PromptTemplate.for_env(env, cfg.model.prompt_style, tokenizer, levels)
+    prompts = PromptTemplate.for_env(
+        env, cfg.model.prompt_style, tokenizer, levels, cfg.bids.prompt
+    )
     if action_limit_demonstrations is None and cfg.model.max_action_tokens is None:
         action_limit_demonstrations = expert_demonstrations(env, action_limit_worlds(env), levels)
     max_action_tokens = action_token_limit(
@@ -96,6 +101,9 @@ def build_rollout_loop(
         engine,
         bid_population=bid_population,
         token_budget=cfg.model.micro_batch_tokens,
+        reader=make_reader(cfg.bids.reader),
+        bid_temperature=cfg.bids.temperature,
+        eval_bid_temperature=cfg.bids.eval_temperature,
     )
     coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
     return RolloutLoop(lambda: make_env(task_config), swarm, coordination)

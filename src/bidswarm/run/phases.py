@@ -44,6 +44,7 @@ from bidswarm.run import recording
 from bidswarm.run.build import build_population, build_rollout_loop
 from bidswarm.run.demonstrations import start_demonstrations
 from bidswarm.run.recording import RunLogger, make_logger
+from bidswarm.run.references import play_references, record_references
 from bidswarm.run.resume import load_state, run_folder, write_atomically
 
 
@@ -157,15 +158,8 @@ class Run:
         (``eval.batch_size`` episodes each) and process 0 gathers them
         (:func:`evaluate_over_processes`): the numbers of one process playing them all, while
         the other processes no longer wait idle for process 0 in their next collective."""
-        seeds = self.env.heldout_seeds()[: self.cfg.eval.max_seeds]
-        evaluation = evaluate_over_processes(
-            self.loop,
-            seeds,
-            self.cfg.eval.runs_per_seed,
-            self.cfg.seed,
-            self.cfg.eval.batch_size,
-            progress=True,
-        )
+        evaluation = self.held_out(self.loop)
+        references = play_references(self.loop, self.cfg.eval.reference_rules, self.held_out)
         if evaluation is None:
             return {}
         metrics = evaluation.metrics | {
@@ -174,9 +168,9 @@ class Run:
         }
         # At the update where it was measured, on the training curves' axis: before RL at 0,
         # after RL at the number of updates made.
-        if step is None:
-            step = 0 if key == names.EVAL_BEFORE else len(self.history)
-        self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()}, step=step)
+        at = 0 if key == names.EVAL_BEFORE else (len(self.history) if step is None else step)
+        metrics |= record_references(self.logger, self.state, key, evaluation, references, at)
+        self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()}, step=at)
         self.state[key] = metrics
         worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
         self.state[f"{key}_worlds"] = worlds
@@ -190,9 +184,22 @@ class Run:
         console.say(
             f"[bidswarm] {key}: held-out reward {metrics['reward/mean']:.2f} "
             f"+- {metrics['reward/se']:.2f} (95% CI {metrics['reward/ci_low']:.2f} .. "
-            f"{metrics['reward/ci_high']:.2f}) over {len(seeds)} worlds",
+            f"{metrics['reward/ci_high']:.2f}) over {len(evaluation.world_rewards)} worlds",
         )
         return metrics
+
+    def held_out(self, loop: RolloutLoop) -> Evaluation | None:
+        """``loop`` on the held-out worlds (``eval``), over the run's processes; None on the
+        processes but the first."""
+        return evaluate_over_processes(
+            loop,
+            self.env.heldout_seeds()[: self.cfg.eval.max_seeds],
+            self.cfg.eval.runs_per_seed,
+            self.cfg.seed,
+            self.cfg.eval.batch_size,
+            progress=True,
+            mass_probe_prompts=self.cfg.bids.mass_probe_prompts,
+        )
 
     def fit(self) -> bool:
         """RL: the 4:1 schedule of action and bid updates, checkpointed every
@@ -205,10 +212,13 @@ class Run:
         """
         if self.cfg.rl.cycles == 0:  # SFT only: nothing to fit
             return True
+        bids = OmegaConf.to_object(self.cfg.bids)
         collector = Collector(
-            self.loop, self.cfg.rl, self.credit, self.env.train_seeds(), self.cfg.seed
+            self.loop, self.cfg.rl, self.credit, self.env.train_seeds(), self.cfg.seed, bids
         )
-        module = SwarmModule(self.population, collector, self.cfg.rl, self.cfg.model.temperature)
+        module = SwarmModule(
+            self.population, collector, self.cfg.rl, self.cfg.model.temperature, bids.temperature
+        )
         checkpoint = CrashSafeCheckpoint(
             self.run_dir / "checkpoints",
             self.cfg.rl.checkpoint_every,
@@ -371,6 +381,7 @@ def evaluate_over_processes(
     seed: int,
     batch_size: int,
     progress: bool = False,
+    mass_probe_prompts: int = 0,
 ) -> Evaluation | None:
     """The held-out evaluation of ``seeds`` x ``runs_per_seed`` (``rollout/evaluation.py``), its
     batches of ``batch_size`` spread over the run's processes (``lit/collectives.py``): the
@@ -385,7 +396,9 @@ def evaluate_over_processes(
     if processes > 1:
         played = played.without_token_ids()
     parts = gather_on_process_zero(played)
-    return None if parts is None else summarize_evaluation(parts, loop, runs_per_seed)
+    if parts is None:
+        return None
+    return summarize_evaluation(parts, loop, runs_per_seed, mass_probe_prompts)
 
 
 class PeriodicEvaluation(L.Callback):

@@ -17,6 +17,7 @@ from bidswarm.agents.population import Population, agent_folder_name
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.envs.base import role_name
 from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.market import market_warnings
 from bidswarm.rollout.records import Episode
 
 
@@ -200,6 +201,50 @@ def end_tracking(logger: Logger, run_dir: Path, status: str) -> None:
         logger.finalize("success" if status == "FINISHED" else "failed")
 
 
+def market_lines(metrics: dict[str, float], label: str) -> list[str]:
+    """The market's health in a held-out evaluation's ``metrics`` (``rollout/market.py``), a
+    line or two, and a warning where one agent won almost every contest."""
+    agree = metrics.get(names.EXPERT_OWNER_AGREEMENT)
+    if agree is None and names.SKIP_FRAC not in metrics:
+        return []
+    parts = []
+    if agree is not None:
+        on = metrics.get(f"{names.EXPERT_OWNER_AGREEMENT}/on_path")
+        off = metrics.get(f"{names.EXPERT_OWNER_AGREEMENT}/off_path")
+        where = ", ".join(
+            f"{name} {value:.0%}"
+            for name, value in (("on its path", on), ("off", off))
+            if value is not None
+        )
+        parts.append(f"actor = expert's choice {agree:.0%}" + (f" ({where})" if where else ""))
+    for name, title, fmt in (
+        (names.VALID_LEVEL_MASS, "valid bid mass", ".2f"),
+        (names.BID_PARSE_RATE, "bids parsed", ".2f"),
+    ):
+        roles = {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith(f"{name}/")}
+        if roles:
+            parts.append(f"{title} " + " ".join(f"{r} {v:{fmt}}" for r, v in sorted(roles.items())))
+    if names.TOP_TIE_FRAC in metrics:
+        parts.append(f"top ties {metrics[names.TOP_TIE_FRAC]:.0%}")
+    if names.SKIP_FRAC in metrics:
+        parts.append(
+            f"skipped {metrics[names.SKIP_FRAC]:.0%} (longest run "
+            f"{metrics.get(names.SKIP_RUN_MAX, 0):.0f})"
+        )
+    if names.WINNER_ENTROPY_BITS in metrics:
+        parts.append(f"who acts {metrics[names.WINNER_ENTROPY_BITS]:.2f} bits")
+    lines = [f"[bidswarm] market {label}: " + "; ".join(parts)]
+    for key in sorted(k for k in metrics if k.startswith("gap_to_") and k.endswith("/mean")):
+        rule = key[len("gap_to_") : -len("/mean")]
+        low, high = metrics[f"gap_to_{rule}/ci_low"], metrics[f"gap_to_{rule}/ci_high"]
+        lines.append(
+            f"[bidswarm]   the same agents under coordination={rule}: "
+            f"{metrics[key]:+.2f} held-out reward (95% CI {low:+.2f} .. {high:+.2f})"
+        )
+    lines += [f"[bidswarm]   warning: {w}" for w in market_warnings(metrics)]
+    return lines
+
+
 def summary(
     cfg: DictConfig,
     run_dir: Path,
@@ -240,6 +285,9 @@ def summary(
             f"{diff.mean:+.2f} (95% CI {diff.ci_low:+.2f} .. {diff.ci_high:+.2f}): "
             f"{diff.verdict}"
         )
+    for key, label in (("eval_before", "after SFT"), ("eval_after", "after RL")):
+        if key in state:
+            lines += market_lines(state[key], label)
     if isinstance(logger, MLFlowLogger):
         uri = tracking.tracking_uri(cfg.logger.tracking_uri)
         url = tracking.run_url(uri, logger.experiment_id, logger.run_id)

@@ -1,0 +1,135 @@
+"""How a bid is read from an agent's model (``bids.reader``), and the ``bids`` config group.
+
+A reader turns an agent's bid policy into a bid, the way a coordination rule turns bids into
+an actor: a pure decision, registered by name (:func:`register_reader`), unit-tested without
+a model. ``sampled`` is the paper's: sample a reply, parse it, an unparsed reply bids 0. The
+level readers decide from the log-probs of each level's canonical reply (one teacher-forced
+forward of every level's reply, on any engine that scores: ``Swarm.level_logprobs``): the most
+likely level (``argmax``), or the expectation over the levels (``expected``) [ours].
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import ClassVar
+
+from omegaconf import MISSING
+
+
+class BidPrompt(str, Enum):
+    """How the bid and action prompts are told apart (``bids.prompt``)."""
+
+    paper = "paper"
+    """One word apart at the prompt's start (compact: ``logger bid: ... ->`` against ``logger
+    act: ... ->``; chat: the request before the observation)."""
+    apart = "apart"
+    """[ours] Also a marker of the reply wanted right before it (compact: ``... => bid:``
+    against ``... => act:``; chat: a last line after the observation), so that the position
+    where the model writes its reply says which reply it is: action updates then pull the
+    bid replies less toward the action text."""
+
+    __str__ = str.__str__
+
+
+@dataclass
+class BidsConfig:
+    """The bid channel (``conf/bids/``): how bids are read, sampled, prompted and kept bids.
+
+    ``bids=paper`` is the paper's channel exactly; every other value is [ours].
+    """
+
+    name: str = MISSING
+    reader: str = "sampled"
+    """The registered reader (:data:`READERS`): ``sampled``, ``argmax``, ``expected``. A level
+    reader's fork draws the winner's level below the runner-up's from its level distribution
+    (``rl.bid_resample`` ``weighted_below_runner_up``, or ``below_runner_up`` if set so)."""
+    temperature: float | None = None
+    """The bids' sampling temperature in training (the ``sampled`` reader's replies; a level
+    reader's softmax over the levels, ``expected``); None: ``model.temperature``. The learner
+    scores the sampled reader's bid replies at it."""
+    eval_temperature: float | None = None
+    """The same in held-out evaluation; None: ``temperature``."""
+    prompt: BidPrompt = BidPrompt.paper
+    anchor_coef: float = 0.0
+    """[ours] Weight of the bid anchor in action updates: the negative log-likelihood of the
+    task expert's bid label (its ``expert_bid`` of the bidder's role, snapped to a level) at the
+    bid prompts of the update's own episodes, the swarm's states on and off the experts' path
+    (DAgger-style labels, free: the expert reads any state). It keeps the bid replies bids
+    while the action updates train the same weights, and labels the states the demonstrations
+    never reached. 0: off (the paper)."""
+    anchor_prompts: int = 64
+    """[ours] The most bid prompts per agent the anchor trains on in one action update (evenly
+    spaced over the update's episodes)."""
+    mass_probe_prompts: int = 64
+    """Bid prompts per agent that ``bids/valid_level_mass`` reads in each update and each
+    evaluation (a diagnostic, not counted in FLOPs; 0: not measured)."""
+
+
+class BidReader(abc.ABC):
+    """Reads one bid from the log-probs of the levels' canonical replies (a level reader), or
+    from a sampled reply (``reads_levels`` False: :class:`Sampled`)."""
+
+    name: ClassVar[str]
+    reads_levels: ClassVar[bool] = True
+    """Whether the reader needs the level replies' log-probs (else a sampled reply)."""
+
+    @abc.abstractmethod
+    def read(self, logprobs: Sequence[float], levels: Sequence[float], temperature: float) -> float:
+        """The bid, from ``logprobs[i]``, the log-prob at temperature 1 of replying exactly
+        ``levels[i]``; ``temperature`` scales a reader that reads a distribution."""
+
+
+READERS: dict[str, type[BidReader]] = {}
+"""``bids.reader`` -> reader class (:func:`register_reader`)."""
+
+
+def register_reader(name: str) -> Callable[[type[BidReader]], type[BidReader]]:
+    def add(reader: type[BidReader]) -> type[BidReader]:
+        reader.name = name
+        READERS[name] = reader
+        return reader
+
+    return add
+
+
+@register_reader("sampled")
+class Sampled(BidReader):
+    """The paper's: sample a bid reply at the bid temperature and parse its first number
+    (snapped to a level; a reply that does not parse bids 0 and is counted)."""
+
+    reads_levels = False
+
+    def read(self, logprobs: Sequence[float], levels: Sequence[float], temperature: float) -> float:
+        raise TypeError("the sampled reader reads sampled replies, not level log-probs")
+
+
+@register_reader("argmax")
+class Argmax(BidReader):
+    """[ours] The most likely level (a tie goes to the lower level): no sampling noise, so the
+    auction's ties are the policies' own."""
+
+    def read(self, logprobs: Sequence[float], levels: Sequence[float], temperature: float) -> float:
+        best = max(range(len(levels)), key=lambda i: (logprobs[i], -levels[i]))
+        return float(levels[best])
+
+
+@register_reader("expected")
+class Expected(BidReader):
+    """[ours] The expectation of the level under the bid policy restricted to the levels,
+    softmax(log-prob / temperature): a continuous bid, so two agents almost never tie, and a
+    less sure agent bids less."""
+
+    def read(self, logprobs: Sequence[float], levels: Sequence[float], temperature: float) -> float:
+        scaled = [lp / temperature for lp in logprobs]
+        top = max(scaled)
+        weights = [math.exp(s - top) for s in scaled]
+        return sum(w * level for w, level in zip(weights, levels, strict=True)) / sum(weights)
+
+
+def make_reader(name: str) -> BidReader:
+    """The reader ``bids.reader`` names (checked by ``config.validate``)."""
+    return READERS[name]()
