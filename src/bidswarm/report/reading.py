@@ -126,6 +126,12 @@ class RunResult:
     peer_scores: dict[str, float] = field(default_factory=dict)
     """An evaluation run's ``eval/peer_scores/...`` (``received/<role>``, ``margin``,
     ``near_tie``) without the prefix; empty: the rule scores no proposals."""
+    market: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``before`` / ``after`` RL (training runs) or ``eval`` -> the held-out market health
+    (``metric_names.MARKET_HEALTH``, per role where it has roles, and ``gap_to_<rule>/*``)."""
+    reference_world_rewards: dict[str, dict[int, float]] = field(default_factory=dict)
+    """``<before|after>_<rule>`` -> held-out mean reward per world of the run's agents under
+    a reference rule (``eval.reference_rules``; absent: not logged)."""
 
 
 def strategy_of(run_name: str) -> str:
@@ -326,7 +332,33 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
             for when in ("before", "after")
             if (found := under(metrics, f"eval_{when}/task/milestone/"))
         },
+        market={
+            when: found
+            for when in ("before", "after")
+            if (found := market_of(metrics, f"eval_{when}/"))
+        },
+        reference_world_rewards={
+            f"{when}_{rule}": worlds
+            for when in ("before", "after")
+            for rule in references_of(metrics, f"eval_{when}/")
+            if (worlds := read_world_rewards(client, run.info.run_id, f"eval_{when}_{rule}"))
+        },
     )
+
+
+def market_of(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    """The market health among the metrics under ``prefix`` (``rollout/market.py``)."""
+    return {
+        name: value
+        for name, value in under(metrics, prefix).items()
+        if name.startswith(names.MARKET_HEALTH) or name.startswith("gap_to_")
+    }
+
+
+def references_of(metrics: dict[str, float], prefix: str) -> list[str]:
+    """The reference rules an evaluation under ``prefix`` was compared with (``gap_to_<rule>``)."""
+    gaps = under(metrics, f"{prefix}gap_to_")
+    return sorted({name.split("/", 1)[0] for name in gaps})
 
 
 def under(metrics: dict[str, float], prefix: str) -> dict[str, float]:

@@ -169,13 +169,15 @@ class Run:
         # At the update where it was measured, on the training curves' axis: before RL at 0,
         # after RL at the number of updates made.
         at = 0 if key == names.EVAL_BEFORE else (len(self.history) if step is None else step)
-        metrics |= record_references(self.logger, self.state, key, evaluation, references, at)
+        heldout = self.run_dir / "heldout"
+        metrics |= record_references(
+            self.logger, self.state, key, evaluation, references, at, heldout
+        )
         self.logger.log_metrics({f"{key}/{k}": v for k, v in metrics.items()}, step=at)
         self.state[key] = metrics
         worlds = {str(world): reward for world, reward in evaluation.world_rewards.items()}
         self.state[f"{key}_worlds"] = worlds
         self.save_state()
-        heldout = self.run_dir / "heldout"
         evaluation.write_worlds(heldout, key)
         self.log_artifact(heldout)  # a folder: MLflow keeps it as heldout/<key>*_worlds.json
         self.log_transcripts(key, evaluation.episodes)

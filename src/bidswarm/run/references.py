@@ -6,6 +6,7 @@ could reach with the same trained actions: its gap is how much who-acts costs th
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
@@ -37,10 +38,13 @@ def record_references(
     evaluation: Evaluation,
     references: dict[str, Evaluation | None],
     step: int,
+    heldout: Path,
 ) -> dict[str, float]:
-    """Log each reference's metrics as ``<key>_<rule>/*`` at ``step`` and keep them (and its
-    per-world rewards) in the run's state; returns ``gap_to_<rule>/mean|ci_low|ci_high``: the
-    reference's held-out reward minus ``evaluation``'s, paired over the worlds."""
+    """Log each reference's metrics as ``<key>_<rule>/*`` at ``step``, keep them (and its
+    per-world rewards) in the run's state and write its per-world results into ``heldout``
+    (``<key>_<rule>_worlds.json``, :meth:`Evaluation.write_worlds`); returns
+    ``gap_to_<rule>/mean|ci_low|ci_high``: the reference's held-out reward minus
+    ``evaluation``'s, paired over the worlds."""
     gaps: dict[str, float] = {}
     for name, reference in references.items():
         if reference is None:
@@ -48,6 +52,7 @@ def record_references(
         logger.log_metrics({f"{key}_{name}/{k}": v for k, v in reference.metrics.items()}, step)
         state[f"{key}_{name}"] = reference.metrics
         state[f"{key}_{name}_worlds"] = {str(w): r for w, r in reference.world_rewards.items()}
+        reference.write_worlds(heldout, f"{key}_{name}")
         diff = paired_difference(reference.world_rewards, evaluation.world_rewards)
         gaps |= {
             f"gap_to_{name}/mean": diff.mean,

@@ -1,0 +1,94 @@
+"""The report's market sections: each run's market health, and per strategy the gap between the
+``expert_owner`` reference (the task's expert picks who acts, the same trained agents act) and
+the run's own rule, paired over (training seed, world) cells."""
+
+from __future__ import annotations
+
+from bidswarm import metric_names as names
+from bidswarm import statistics
+from bidswarm.report.reading import RunResult
+from bidswarm.report.strategies import strategy_cells
+
+
+def _share(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def _per_role(market: dict[str, float], name: str) -> str:
+    roles = {k.rsplit("/", 1)[1]: v for k, v in market.items() if k.startswith(f"{name}/")}
+    return " ".join(f"{v:.2f}" for _, v in sorted(roles.items())) if roles else "–"
+
+
+def market_run_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: one row per training run with the held-out market health after SFT and after
+    RL (``rollout/market.py``); empty when no run logged it."""
+    rows = [(s, r) for s, results in groups.items() for r in results if r.market.get("after")]
+    if not rows:
+        return ""
+    agree = names.EXPERT_OWNER_AGREEMENT
+    lines = [
+        "The market per training run (held-out): how often the actor is the agent the task's "
+        "expert would let act, after SFT → after RL, and after RL on / off the experts' path; "
+        "the bid policies' probability of replying a bid level at all and the share of bids "
+        "that parsed, per role in alphabetical order; top ties; skipped steps; the entropy of "
+        "who acts; and the held-out reward of the same agents under `expert_owner` minus the "
+        "run's own rule after RL (95% CI over worlds).",
+        "",
+        "| strategy | seed | actor = expert's choice | on / off path | valid bid mass | parsed "
+        "| top ties | skipped | who acts (bits) | expert_owner − own (95% CI) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for strategy, r in rows:
+        before, after = r.market.get("before", {}), r.market["after"]
+        on, off = after.get(f"{agree}/on_path"), after.get(f"{agree}/off_path")
+        gap = after.get("gap_to_expert_owner/mean")
+        shown_gap = (
+            "–"
+            if gap is None
+            else f"{gap:+.1f} ({after['gap_to_expert_owner/ci_low']:+.1f} .. "
+            f"{after['gap_to_expert_owner/ci_high']:+.1f})"
+        )
+        entropy = after.get(names.WINNER_ENTROPY_BITS)
+        lines.append(
+            f"| {strategy} | {'–' if r.training_seed is None else r.training_seed} "
+            f"| {_share(before.get(agree))} → {_share(after.get(agree))} "
+            f"| {_share(on)} / {_share(off)} | {_per_role(after, names.VALID_LEVEL_MASS)} "
+            f"| {_per_role(after, names.BID_PARSE_RATE)} | {_share(after.get(names.TOP_TIE_FRAC))} "
+            f"| {_share(after.get(names.SKIP_FRAC))} "
+            f"| {'–' if entropy is None else f'{entropy:.2f}'} | {shown_gap} |"
+        )
+    return "\n".join(lines)
+
+
+def owner_gap_table(groups: dict[str, list[RunResult]], rule: str = "expert_owner") -> str:
+    """Markdown: per strategy, after SFT and after RL, the held-out reward of its runs' agents
+    under ``rule`` minus under their own rule, over the (training seed, world) cells both hold
+    (two-way random-effects 95% CI); empty when no run logged ``rule``."""
+    lines = [
+        f"Who acts, priced: the same trained agents under `{rule}` (the task's expert picks who "
+        "acts) minus under the strategy's own rule, paired over (training seed, world) cells "
+        "(95% CI from the two-way random-effects model: it counts training seeds).",
+        "",
+        f"| strategy | when | seeds | own rule | `{rule}` | {rule} − own | 95% CI |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    found = False
+    for strategy, results in groups.items():
+        for when, own_worlds in (("before", "before_world_rewards"), ("after", "world_rewards")):
+            key = f"{when}_{rule}"
+            runs = [r for r in results if key in r.reference_world_rewards]
+            if not runs:
+                continue
+            found = True
+            own = strategy_cells(runs, lambda r, attr=own_worlds: getattr(r, attr))
+            reference = strategy_cells(runs, lambda r, k=key: r.reference_world_rewards[k])
+            d = statistics.paired_difference(reference, own)
+            shared = own.keys() & reference.keys()
+            own_mean = sum(own[c] for c in shared) / len(shared)
+            reference_mean = sum(reference[c] for c in shared) / len(shared)
+            lines.append(
+                f"| {strategy} | {'after SFT' if when == 'before' else 'after RL'} | {len(runs)} "
+                f"| {own_mean:.1f} | {reference_mean:.1f} | {d.mean:+.1f} "
+                f"| {d.ci_low:+.1f} .. {d.ci_high:+.1f} |"
+            )
+    return "\n".join(lines) if found else ""

@@ -1,0 +1,281 @@
+"""The bid channel and the market's health: readers, the expert_owner reference rule, the
+health metrics, the valid-level mass probe and the bid anchor."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from bidswarm import metric_names as names
+from bidswarm.coordination.base import Decision, Situation
+from bidswarm.coordination.bid_readers import READERS, Argmax, Expected, Sampled, make_reader
+from bidswarm.coordination.expert_owner import ExpertOwner
+from bidswarm.envs import make_env
+from bidswarm.envs.experts import expert_levels, expert_owners, play_expert_episode
+from bidswarm.lit.bid_anchor import bid_anchor_loss
+from bidswarm.report.market import market_run_table, owner_gap_table
+from bidswarm.report.reading import RunResult
+from bidswarm.rollout.batches import BidLabelBatch, bid_label_batches
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.market import market_metrics, market_warnings
+from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
+from test_coordination import LEVELS, build_swarm, seeded, task
+
+ROLES = ["logger", "miner", "smith"]
+
+
+# -- readers -----------------------------------------------------------------------------------
+def test_the_readers_are_registered_by_name():
+    assert sorted(READERS) == ["argmax", "expected", "sampled"]
+    assert not make_reader("sampled").reads_levels
+    assert make_reader("argmax").reads_levels and make_reader("expected").reads_levels
+
+
+def test_argmax_reads_the_most_likely_level_and_breaks_ties_low():
+    logprobs = [math.log(p) for p in (0.1, 0.2, 0.3, 0.3, 0.1)]
+    assert Argmax().read(logprobs, LEVELS, 1.0) == 0.4
+    assert Argmax().read([-1.0, -5.0, -5.0, -5.0, -0.5], LEVELS, 1.0) == 0.8
+
+
+def test_expected_is_the_mean_level_under_the_tempered_softmax():
+    probs = [0.1, 0.0001, 0.2, 0.3, 0.3999]
+    logprobs = [math.log(p) for p in probs]
+    assert Expected().read(logprobs, LEVELS, 1.0) == pytest.approx(
+        sum(p * level for p, level in zip(probs, LEVELS, strict=True))
+    )
+    # A colder softmax moves the expectation toward the most likely level, a hotter one to
+    # the plain mean of the levels.
+    assert Expected().read(logprobs, LEVELS, 0.05) == pytest.approx(0.8, abs=1e-3)
+    assert Expected().read(logprobs, LEVELS, 1e6) == pytest.approx(sum(LEVELS) / 5, abs=1e-3)
+
+
+def test_the_sampled_reader_reads_no_level_logprobs():
+    with pytest.raises(TypeError, match="sampled replies"):
+        Sampled().read([0.0] * 5, LEVELS, 1.0)
+
+
+def test_a_level_reader_bids_from_the_level_replies_logprobs():
+    swarm = build_swarm()
+    swarm.reader = Argmax()
+    envs = [make_env(task()) for _ in range(2)]
+    for seed, env in enumerate(envs):
+        env.reset(seed)
+    bids = swarm.bid_many([0], [envs], seeded(0))[0]
+    prompts = [bid.reply.prompt_ids for bid in bids]
+    logprobs = swarm.level_logprobs(0, prompts)
+    for bid, row in zip(bids, logprobs.tolist(), strict=True):
+        assert bid.parsed and bid.level == Argmax().read(row, LEVELS, 1.0)
+        assert bid.reply.text == f"{bid.level:.1f}"
+
+
+def test_level_logprobs_are_the_teacher_forced_logprobs_of_each_levels_reply():
+    swarm = build_swarm()
+    env = make_env(task())
+    env.reset(3)
+    policy = swarm.population.agents[1]
+    prompt = policy.encode_prompts([swarm.prompts.bid("miner", env.observation("miner"))])
+    found = swarm.level_logprobs(1, prompt)[0]
+    for level, value in zip(LEVELS, found.tolist(), strict=True):
+        with torch.no_grad():
+            logp, mask = policy.reply_token_logprobs(prompt, [swarm.level_reply_ids(1, level)])
+        assert value == pytest.approx(float((logp * mask).sum()), abs=1e-4)
+    mass = swarm.level_mass(1, prompt)[0]
+    assert mass == pytest.approx(float(found.exp().sum()), rel=1e-5) and 0.0 < mass < 1.0
+
+
+# -- the expert_owner reference rule -----------------------------------------------------------
+def test_expert_owner_lets_the_experts_choice_act_and_skips_with_it():
+    rule = ExpertOwner()
+    situations = [
+        Situation(3, 0, expert_choice=frozenset({2})),
+        Situation(3, 1, expert_choice=frozenset()),
+        Situation(6, 2, expert_choice=frozenset({1, 4})),
+    ]
+    rng = random.Random(0)
+    picks = [d.actor for d in rule.decide(situations * 20, rng)]
+    assert picks[0::3] == [2] * 20 and picks[1::3] == [None] * 20
+    assert set(picks[2::3]) == {1, 4}  # a replicated role: either copy
+
+
+def test_a_swarm_under_expert_owner_always_agrees_with_the_expert():
+    swarm = build_swarm()
+    loop = RolloutLoop(lambda: make_env(task(12)), swarm, ExpertOwner())
+    episodes = loop.run([0, 1, 2], random.Random(0), seeded(0))
+    metrics = market_metrics(episodes, swarm.roles)
+    assert metrics[names.EXPERT_OWNER_AGREEMENT] == 1.0
+    assert all(step.expert_levels for e in episodes for step in e.steps)
+
+
+def test_the_first_state_is_on_the_experts_path_and_a_wrong_actor_leaves_it():
+    swarm = build_swarm()
+    env = make_env(task(12))
+    env.reset(0)
+    owner = next(iter(expert_owners(expert_levels(env, LEVELS))))
+    wrong = next(a for a in range(3) if swarm.role(a) != owner)
+
+    class Wrong(ExpertOwner):
+        def decide(self, situations, rng):
+            return [Decision(actor=wrong) for _ in situations]
+
+    loop = RolloutLoop(lambda: make_env(task(12)), swarm, Wrong())
+    episode = loop.run([0], random.Random(0), seeded(0))[0]
+    assert episode.steps[0].followed_expert is False
+    assert episode.on_expert_path == [True] + [False] * (len(episode.steps) - 1)
+
+
+def test_the_experts_own_play_stays_on_their_path():
+    env = make_env(task(30))
+    played = play_expert_episode(env, 5, LEVELS)
+    assert played.decisions > 0
+    # Replaying the experts' actions through the loop's bookkeeping: every step follows them.
+    env.reset(5)
+    steps = []
+    while not env.done:
+        levels = expert_levels(env, LEVELS)
+        owners = expert_owners(levels)
+        assert len(owners) <= 1, "the experts' top bids never tie"
+        steps.append(StepRecord(env.decisions_made, Decision(actor=None), expert_levels=levels))
+        steps[-1].followed_expert = True
+        if owners:
+            role = next(iter(owners))
+            env.step(role, env.expert_action(role) or "")
+        else:
+            env.skip()
+    assert all(Episode(5, steps).on_expert_path)
+
+
+# -- health metrics ----------------------------------------------------------------------------
+def bid(agent: int, level: float, parsed: bool = True) -> Bid:
+    return Bid(level, Reply(agent, [1, 2], [3], f"{level:.1f}"), parsed)
+
+
+def step(index, actor, levels, owner, runner_up_bid=0.0, followed=None, parsed=True) -> StepRecord:
+    decision = Decision(actor=actor, runner_up=None, runner_up_bid=runner_up_bid, forkable=True)
+    expert = {role: (0.8 if role == owner else 0.0) for role in ROLES}
+    bids = {a: bid(a, level, parsed or a != 0) for a, level in enumerate(levels)}
+    record = StepRecord(index, decision, bids, expert_levels=expert)
+    record.followed_expert = followed
+    return record
+
+
+def test_health_metrics_of_hand_made_episodes():
+    episode = Episode(
+        0,
+        [
+            step(0, 0, [0.8, 0.2, 0.0], "logger", 0.2, followed=True),  # agrees, on path
+            step(1, 2, [0.6, 0.0, 0.6], "logger", 0.6, followed=False),  # tie; disagrees, on path
+            step(2, None, [0.0, 0.0, 0.0], None, parsed=False),  # skip, agrees (off path)
+            step(3, None, [0.0, 0.0, 0.0], "smith"),  # skip, disagrees (off path)
+            step(4, 2, [0.2, 0.0, 0.8], "smith", 0.2),  # agrees, off path
+        ],
+    )
+    metrics = market_metrics([episode], ROLES)
+    assert metrics[names.EXPERT_OWNER_AGREEMENT] == pytest.approx(3 / 5)
+    assert metrics[f"{names.EXPERT_OWNER_AGREEMENT}/on_path"] == pytest.approx(1 / 2)
+    assert metrics[f"{names.EXPERT_OWNER_AGREEMENT}/off_path"] == pytest.approx(2 / 3)
+    assert metrics[f"{names.BID_PARSE_RATE}/logger"] == pytest.approx(4 / 5)
+    assert metrics[f"{names.BID_PARSE_RATE}/miner"] == 1.0
+    assert metrics[names.TOP_TIE_FRAC] == pytest.approx(1 / 5)
+    assert metrics[names.SKIP_FRAC] == pytest.approx(2 / 5)
+    assert metrics[names.SKIP_RUN_MAX] == 2.0
+    # Acting: logger once, smith twice.
+    assert metrics[names.WINNER_ENTROPY_BITS] == pytest.approx(
+        -(1 / 3) * math.log2(1 / 3) - (2 / 3) * math.log2(2 / 3)
+    )
+    assert metrics[names.TOP_CONTESTED_WIN_SHARE] == pytest.approx(2 / 3)
+    assert market_warnings(metrics) == []
+    assert market_warnings({names.TOP_CONTESTED_WIN_SHARE: 0.95})
+
+
+def test_the_monolithic_agent_has_no_agreement_to_measure():
+    record = StepRecord(0, Decision(actor=0))
+    metrics = market_metrics([Episode(0, [record])], [None])
+    assert names.EXPERT_OWNER_AGREEMENT not in metrics
+    assert metrics[names.WINNER_ENTROPY_BITS] == 0.0
+
+
+# -- the bid anchor's labels -------------------------------------------------------------------
+def test_anchor_labels_are_the_experts_level_for_each_bidders_role():
+    episode = Episode(
+        0, [step(0, 0, [0.8, 0.2, 0.0], "logger"), step(1, 2, [0.2, 0.0, 0.8], "smith")]
+    )
+    batches = bid_label_batches([episode], ROLES, lambda agent, level: [agent, int(level * 10)], 64)
+    assert [b.agent for b in batches] == [0, 1, 2]
+    assert batches[0].reply_ids == [[0, 8], [0, 0]]  # the logger's label: 0.8, then 0
+    assert batches[2].reply_ids == [[2, 0], [2, 8]]
+    capped = bid_label_batches([episode] * 10, ROLES, lambda a, level: [a], limit=3)
+    assert all(len(b.prompt_ids) == 3 for b in capped)
+
+
+def test_the_anchor_moves_the_bid_policy_onto_the_experts_levels():
+    swarm = build_swarm()
+    envs = [make_env(task()) for _ in range(4)]
+    for seed, env in enumerate(envs):
+        env.reset(seed)
+    policy = swarm.population.agents[0]
+    prompts = policy.encode_prompts(
+        [swarm.prompts.bid("logger", e.observation("logger")) for e in envs]
+    )
+    labels = [swarm.level_reply_ids(0, expert_levels(e, LEVELS)["logger"]) for e in envs]
+    batch = BidLabelBatch(0, prompts, labels)
+    mass_before = sum(swarm.level_mass(0, prompts)) / len(prompts)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    losses = []
+    for _ in range(8):
+        optimizer.zero_grad()
+        loss = bid_anchor_loss(policy, batch, 1.0, 256, lambda agent, term: term.backward())
+        optimizer.step()
+        losses.append(float(loss))
+    assert losses[-1] < 0.5 * losses[0]
+    assert sum(swarm.level_mass(0, prompts)) / len(prompts) > mass_before
+
+
+# -- the report's market sections -------------------------------------------------------------
+def run_result(seed: int, own: dict[int, float], reference: dict[int, float]) -> RunResult:
+    market = {
+        names.EXPERT_OWNER_AGREEMENT: 0.5,
+        f"{names.VALID_LEVEL_MASS}/logger": 0.95,
+        "gap_to_expert_owner/mean": 1.0,
+        "gap_to_expert_owner/ci_low": -1.0,
+        "gap_to_expert_owner/ci_high": 3.0,
+    }
+    return RunResult(
+        f"run{seed}",
+        "default",
+        sum(own.values()) / len(own),
+        None,
+        None,
+        training_seed=seed,
+        world_rewards=own,
+        before_world_rewards=own,
+        market={"before": market, "after": market},
+        reference_world_rewards={"after_expert_owner": reference},
+    )
+
+
+def test_the_owner_gap_is_paired_over_seed_and_world_cells():
+    runs = [
+        run_result(
+            seed, {w: 10.0 * w + seed for w in range(4)}, {w: 10.0 * w + seed + 5 for w in range(4)}
+        )
+        for seed in range(3)
+    ]
+    table = owner_gap_table({"default": runs})
+    row = next(line for line in table.splitlines() if line.startswith("| default | after RL"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[3] == "3" and cells[6] == "+5.0"
+    assert "| default | after SFT" not in table  # no reference was logged after SFT
+    assert owner_gap_table({"default": [RunResult("r", "default", 1.0, None, None)]}) == ""
+
+
+def test_the_market_run_table_has_a_row_per_run_with_its_health():
+    table = market_run_table({"default": [run_result(0, {0: 1.0}, {0: 2.0})]})
+    row = table.splitlines()[-1]
+    assert (
+        row.startswith("| default | 0 | 50% → 50%")
+        and "0.95" in row
+        and "+1.0 (-1.0 .. +3.0)" in row
+    )
