@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from bidswarm.agents.branching import branch_logprobs
 from bidswarm.agents.models import torch_dtype
 from bidswarm.agents.policy import AgentPolicy
 
@@ -113,6 +114,20 @@ class RolloutEngine(abc.ABC):
         gradient, on the model the rollouts are scored with (default: the learner's weights,
         :meth:`AgentPolicy.sequence_logprobs`)."""
         return policy.sequence_logprobs(prompt_ids, reply_ids, temperature, token_budget)
+
+    def score_branches(
+        self,
+        policy: AgentPolicy,
+        prompt_ids: list[list[int]],
+        replies: list[list[int]],
+        temperature: float,
+        token_budget: int | None,
+    ) -> Tensor:
+        """``[prompts, replies]``: the summed log-prob of each of ``replies`` after each prompt,
+        no gradient, each prompt computed once (:func:`bidswarm.agents.branching
+        .branch_logprobs`), on the model the rollouts are scored with (default: the learner's
+        weights)."""
+        return branch_logprobs(policy, prompt_ids, replies, temperature, token_budget)
 
     def close(self) -> None:
         """Release what the engine holds (processes, files); generating again restarts it."""

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
+from bidswarm.agents.branching import branch_logprobs
 from bidswarm.agents.policy import (
     AgentPolicy,
     left_pad,
@@ -433,3 +434,15 @@ class HFEngine(RolloutEngine):
         copy in ``model.rollout_dtype``)."""
         model = self.decoder(policy).rollout_model()
         return policy.sequence_logprobs(prompt_ids, reply_ids, temperature, token_budget, model)
+
+    def score_branches(
+        self,
+        policy: AgentPolicy,
+        prompt_ids: list[list[int]],
+        replies: list[list[int]],
+        temperature: float,
+        token_budget: int | None,
+    ) -> Tensor:
+        """On the model that samples, as :meth:`score`."""
+        model = self.decoder(policy).rollout_model()
+        return branch_logprobs(policy, prompt_ids, replies, temperature, token_budget, model)

@@ -265,17 +265,16 @@ class Swarm:
     ) -> torch.Tensor:
         """``[prompts, levels]``: the log-prob, at temperature 1, that ``agent``'s bid policy
         replies exactly each bid level's canonical text (``format_bid``, then end of sequence)
-        to each bid prompt: one teacher-forced forward of every prompt with every level's reply,
-        counted as rollout tokens unless ``counted`` is False (a diagnostic)."""
+        to each bid prompt: each prompt computed once, then every level's reply
+        (``engine.score_branches``), counted as rollout tokens unless ``counted`` is False (a
+        diagnostic)."""
         policy = self.bid_population.agents[agent]
         replies = [self.level_reply_ids(agent, level) for level in self.bid_levels]
-        rows_prompts = [prompt for prompt in prompt_ids for _ in replies]
-        rows_replies = [reply for _ in prompt_ids for reply in replies]
-        with torch.no_grad():
-            sums, _ = self.engine.score(policy, rows_prompts, rows_replies, 1.0, self.token_budget)
-        if counted:
-            self._count_rollout(agent, _tokens(rows_prompts, rows_replies))
-        return sums.float().reshape(len(prompt_ids), len(replies))
+        logprobs = self.engine.score_branches(policy, prompt_ids, replies, 1.0, self.token_budget)
+        if counted:  # each prompt once, then every level's reply
+            tokens = sum(map(len, prompt_ids)) + len(prompt_ids) * sum(map(len, replies))
+            self._count_rollout(agent, tokens)
+        return logprobs.float()
 
     def level_reply_ids(self, agent: int, level: float) -> list[int]:
         """The canonical reply of bid ``level`` in ``agent``'s bid policy's tokens."""
