@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bidswarm import metric_names as names
+from bidswarm.coordination.auction import Auction
 from bidswarm.coordination.base import Decision, Situation
 from bidswarm.coordination.bid_readers import READERS, Argmax, Expected, Sampled, make_reader
 from bidswarm.coordination.expert_owner import ExpertOwner
@@ -22,6 +23,7 @@ from bidswarm.rollout.batches import BidLabelBatch, bid_label_batches
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics, market_warnings
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
+from bidswarm.run.relabel import relabel_bids
 from test_coordination import LEVELS, build_swarm, seeded, task
 
 ROLES = ["logger", "miner", "smith"]
@@ -279,3 +281,13 @@ def test_the_market_run_table_has_a_row_per_run_with_its_health():
         and "0.95" in row
         and "+1.0 (-1.0 .. +3.0)" in row
     )
+
+
+def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes():
+    swarm = build_swarm()
+    swarm.reader = Argmax()
+    loop = RolloutLoop(lambda: make_env(task(12)), swarm, Auction())
+    found = relabel_bids(loop, [0, 1, 2, 3], 3, 1e-2, 8, 4096, seed=0)
+    before, after = found["sft/relabel/0/agreement"], found["sft/relabel/2/agreement"]
+    assert after > before + 0.2, found
+    assert found["sft/relabel/flops"] > 0

@@ -294,6 +294,22 @@ def _bids_problems(cfg: Any, problems: Problems) -> None:
     problems.non_negative("bids.anchor_coef", bids.anchor_coef)
     problems.at_least("bids.anchor_prompts", bids.anchor_prompts, 1)
     problems.at_least("bids.mass_probe_prompts", bids.mass_probe_prompts, 0)
+    problems.at_least("bids.relabel_rounds", bids.relabel_rounds, 0)
+    if bids.relabel_rounds > 0:
+        rule = RULES.get(cfg.coordination.name)
+        problems.require(
+            rule is None or rule.asks_bids,
+            "bids.relabel_rounds",
+            bids.relabel_rounds,
+            f"0 with coordination={cfg.coordination.name}: the rule reads no bids to label",
+        )
+        problems.require(
+            not str(cfg.trainer.strategy).startswith("deepspeed"),
+            "bids.relabel_rounds",
+            bids.relabel_rounds,
+            "0 under a DeepSpeed strategy: the rounds train the agents' own weights, which "
+            "DeepSpeed holds in its buffers",
+        )
 
 
 def _rl_problems(cfg: Any, problems: Problems) -> None:

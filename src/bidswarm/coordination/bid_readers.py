@@ -64,6 +64,12 @@ class BidsConfig:
     anchor_prompts: int = 64
     """[ours] The most bid prompts per agent the anchor trains on in one action update (evenly
     spaced over the update's episodes)."""
+    relabel_rounds: int = 0
+    """[ours] After the SFT cold start, rounds of: play the swarm on the demonstration worlds
+    under its own rule, label every bidder's bid prompt at every state with the task expert's
+    bid, fine-tune the bids on those labels for one epoch (the SFT learning rate and batch
+    size): DAgger-style labels where the swarm goes, not only on the experts' path
+    (``run/relabel.py``; counted in ``sft/flops``). 0: off (the paper)."""
     mass_probe_prompts: int = 64
     """Bid prompts per agent that ``bids/valid_level_mass`` reads in each update and each
     evaluation (a diagnostic, not counted in FLOPs; 0: not measured)."""

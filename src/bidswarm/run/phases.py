@@ -42,9 +42,10 @@ from bidswarm.rollout.memory_credit import draw_example_tree
 from bidswarm.rollout.records import Episode
 from bidswarm.run import recording
 from bidswarm.run.build import build_population, build_rollout_loop
-from bidswarm.run.demonstrations import start_demonstrations
+from bidswarm.run.demonstrations import demonstration_worlds, start_demonstrations
 from bidswarm.run.recording import RunLogger, make_logger
 from bidswarm.run.references import play_references, record_references
+from bidswarm.run.relabel import RELABEL, relabel_bids
 from bidswarm.run.resume import load_state, run_folder, write_atomically
 
 
@@ -122,10 +123,14 @@ class Run:
             if parse_rate_before is not None:
                 result[f"{names.SFT_BID_PARSE_RATE}/before"] = parse_rate_before
                 result[f"{names.SFT_BID_PARSE_RATE}/after"] = self.bid_parse_rate()
+            if self.cfg.bids.relabel_rounds:
+                relabelled = self.relabel()
+                result |= relabelled
+                result[names.SFT_FLOPS] += relabelled[f"{RELABEL}/flops"]
             self.state["sft"] = result
             # The SFT budget (tokens by demonstration kind, FLOPs) of the arm, for the report,
             # and how many of the agents' bid replies parse before and after SFT.
-            logged = (*names.SFT_BUDGET, names.SFT_BID_PARSE_RATE)
+            logged = (*names.SFT_BUDGET, names.SFT_BID_PARSE_RATE, RELABEL)
             self.logger.log_metrics(
                 {k: v for k, v in result.items() if k.startswith(logged)}, step=0
             )
@@ -133,6 +138,20 @@ class Run:
             self.population.save_pretrained(self.run_dir / "sft", self.lora_base_folder)
         self.state["sft_done"] = True
         self.save_state()
+
+    def relabel(self) -> dict[str, float]:
+        """``bids.relabel_rounds`` on the demonstration worlds (``run/relabel.py``), whose
+        FLOPs (``sft/relabel/flops``) join the SFT budget."""
+        sft = self.cfg.sft
+        return relabel_bids(
+            self.loop,
+            demonstration_worlds(self.env, self.cfg),
+            self.cfg.bids.relabel_rounds,
+            sft.lr,
+            sft.batch_size,
+            sft.micro_batch_tokens,
+            self.cfg.seed,
+        )
 
     def bid_parse_rate(self) -> float | None:
         """The share of the agents' sampled bid replies that parse (:func:`bid_parse_rate`)."""
