@@ -30,6 +30,8 @@ OVERRIDES = (
     # conf/debug/reward.yaml: the main job's SFT and fork sizes, cut to 2 action updates and 1
     # bid update on 8 worlds (a run that earns training reward).
     "debug=reward",
+    # The paper's bid channel, named: the canary pins the paper's method whatever the default.
+    "bids=paper",
     "seed=0",
     "logger=csv",
 )
