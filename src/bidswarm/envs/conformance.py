@@ -1,4 +1,5 @@
-"""The conformance checks that every registered task must pass (DESIGN.md, ``envs/base.py``).
+"""The conformance checks that every registered task must pass (``envs/base.py``; the
+contracts in words: docs/architecture.md, "The task contract").
 
 The fork contract (:func:`check_fork_contract`): from random mid-episode states, take a
 snapshot, play a random continuation, restore, replay the same continuation: observations,
