@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from hydra import compose
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from bidswarm import tracking
+from bidswarm import console, tracking
 from bidswarm.config import check_machine, validate
 from bidswarm.lit.callbacks import CheckpointError
 from bidswarm.run.resume import check_init_from, check_resume, check_resumed_tracking
@@ -35,11 +36,53 @@ class Preflight(Callback):
     Hydra creates the run's output folder, so that a bad value leaves nothing behind."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
         try:
-            preflight(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
+            preflight(cfg)
         except (ValueError, CheckpointError, tracking.TrackingUnavailable) as error:
             # Hydra turns a callback's exceptions into warnings and goes on: exit here.
             sys.exit(f"Error: {error}")
+        say_debug_changes(config.hydra, cfg)
+
+
+def debug_changes(hydra_cfg: DictConfig, task: DictConfig) -> list[str]:
+    """What the chosen ``debug`` profile changes of the task's own config (``task``: the
+    composed run's), as ``task.<key> <own> -> <profile's>``: against the config composed
+    again with the same overrides but no profile. Empty without a profile. ``hydra_cfg``:
+    Hydra's own config of the run; Hydra must be initialised (as it is inside a run)."""
+    profile = hydra_cfg.runtime.choices.get("debug")
+    if profile is None:
+        return []
+    others = [o for o in hydra_cfg.overrides.task if o.lstrip("+~").split("=")[0] != "debug"]
+    own = compose(hydra_cfg.job.config_name, overrides=others).task
+    theirs, profiles = _dotted(own), _dotted(task)
+    return [
+        f"task.{key} {theirs.get(key)} -> {value}"
+        for key, value in profiles.items()
+        if theirs.get(key) != value
+    ]
+
+
+def say_debug_changes(hydra_cfg: DictConfig, cfg: DictConfig) -> None:
+    """Say on the console what the ``debug`` profile changes of the task (:func:`debug_changes`):
+    a profile that cuts the decision budget, or any other value of the task, says so."""
+    changes = debug_changes(hydra_cfg, cfg.task)
+    if changes:
+        profile = hydra_cfg.runtime.choices.debug
+        console.say(
+            f"[bidswarm] debug={profile} changes the task's own values: {', '.join(changes)}"
+        )
+
+
+def _dotted(node: DictConfig) -> dict[str, Any]:
+    """``node``'s leaves by dotted key (``world_size.cities``), interpolations unresolved."""
+    flat: dict[str, Any] = {}
+    for key, value in OmegaConf.to_container(node, resolve=False).items():
+        if isinstance(value, dict):
+            flat |= {f"{key}.{k}": v for k, v in _dotted(OmegaConf.create(value)).items()}
+        else:
+            flat[str(key)] = value
+    return flat
 
 
 PREFLIGHT_TARGET = f"{Preflight.__module__}.{Preflight.__qualname__}"
