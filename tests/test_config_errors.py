@@ -27,6 +27,8 @@ register_configs()
 
 # (overrides, the key named, the value as the message writes it, words of what is allowed)
 INVALID = [
+    (["seed=-1"], "seed", "-1", "0 .. 4294967295"),
+    (["seed=4294967296"], "seed", "4294967296", "0 .. 4294967295"),
     # task
     (["task.max_decisions=0"], "task.max_decisions", "0", ">= 1"),
     (["task.n_train_seeds=0"], "task.n_train_seeds", "0", ">= 1"),
@@ -318,6 +320,7 @@ def test_cli_refuses_bad_values_fast_and_makes_no_folder(tmp_path):
         ("credit=memory_tree", "credit.base=random"): [
             "credit.base='random': choose one of ['bucket_brigade', 'episode_return'"
         ],
+        ("seed=-1",): ["seed=-1: must be an integer in 0 .. 4294967295"],
     }
     for overrides, expected in cases.items():
         result = subprocess.run(

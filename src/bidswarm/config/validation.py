@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig, OmegaConf
 
 from bidswarm.algorithms.credit import CREDIT_RULES
-from bidswarm.checks import Problems
+from bidswarm.checks import Problems, seed_range
 from bidswarm.coordination import RULES
 
 
@@ -67,6 +67,7 @@ def validate(cfg: Any) -> None:
     or folder is made); raises :class:`ConfigError` listing every bad ``key=value`` with what is
     allowed. :func:`check_machine` checks what the config asks of this machine."""
     problems = Problems(f"{key}: not a field of the config schema" for key in unknown_keys(cfg))
+    problems.check("seed", cfg.seed, seed_range())
     _task_problems(cfg.task, problems)
     _model_problems(cfg.model, problems)
     _rule_problems("coordination", RULES, cfg.coordination, problems)
