@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -342,3 +343,33 @@ def test_cli_refuses_bad_values_fast_and_makes_no_folder(tmp_path):
             assert line in result.stderr, result.stderr
         assert "_schema" not in result.stderr
         assert not run_dir.exists(), "a refused config made its run folder"
+
+
+def folder_refusals(tmp_path) -> list[tuple[str, str, str]]:
+    """(key, folder, why the message gives): folders that cannot be made on this machine."""
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    cases = [("hydra.run.dir", f"{blocked}/run", f"{blocked} exists and is not a folder")]
+    if Path("/proc/self").is_dir():  # Linux: /proc takes no folder ("no such file" from mkdir)
+        cases.append(("hydra.run.dir", "/proc/x", "/proc exists but takes no new folder"))
+    if Path("/sys/kernel").is_dir():
+        cases.append(("hydra.sweep.dir", "/sys/x", "(/sys/x)"))
+    return cases
+
+
+def test_cli_names_an_output_folder_it_cannot_make_before_any_model_loads(tmp_path):
+    """The real CLI: a run's (or sweep's) folder that cannot be made is named, with why, by
+    the pre-run check; no traceback from Hydra's own mkdir."""
+    for key, folder, why in folder_refusals(tmp_path):
+        sweep = ["-m", "seed=0,1"] if key == "hydra.sweep.dir" else []
+        result = subprocess.run(
+            [sys.executable, "-m", "bidswarm.train", *sweep, "logger=csv", f"{key}={folder}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 1, result.stdout + result.stderr
+        said = f"Error: {key}={folder}: the output folder cannot be made: "
+        assert said in result.stderr and why in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and "SFT" not in result.stderr, result.stderr
