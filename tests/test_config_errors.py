@@ -3,6 +3,7 @@ message names the key, the value and what is allowed."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bidswarm.algorithms.credit import CREDIT_RULES
 from bidswarm.config import (
     ConfigError,
     check_machine,
+    refuse_misspelled_keys,
     refuse_unknown_choices,
     register_configs,
     validate,
@@ -373,3 +376,70 @@ def test_cli_names_an_output_folder_it_cannot_make_before_any_model_loads(tmp_pa
         said = f"Error: {key}={folder}: the output folder cannot be made: "
         assert said in result.stderr and why in result.stderr, result.stderr
         assert "Traceback" not in result.stderr and "SFT" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "override, meant",
+    [
+        ("rl.cycels=2", "rl.cycles"),
+        ("task.max_decision=8", "task.max_decisions"),
+        ("model.tiny.hiden_size=32", "model.tiny.hidden_size"),
+        ("task.world_size.citys=4", "task.world_size.cities"),  # research's, any task chosen
+        ("coordination.keep_bd=0.5", "coordination.keep_bid"),  # agentnet's
+        ("sed=3", "seed"),
+        ("rl.cycels=1,2", "rl.cycles"),  # a sweep's values
+    ],
+)
+def test_a_misspelled_key_is_refused_with_the_key_it_meant(override, meant):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: no such key .* mean {meant}\?"):
+        refuse_misspelled_keys(["-m", override] if "," in override else [override])
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["rl.cycles=2", "task=navigation_r2r", "task.door_width=1.2", "debug=reward", "seed=1"],
+        ["+rl.cycels=2"],  # an added key: validate refuses it, with the same suggestion
+        ["rl.zzz=1"],  # no key is close: Hydra's own refusal names it
+        ["hydra.run.dir=out", "hydra/launcher=local", "~logger.tracking_uri"],
+    ],
+)
+def test_known_added_and_far_keys_are_left_to_hydra(arguments):
+    refuse_misspelled_keys(arguments)
+
+
+def test_an_added_misspelled_key_is_refused_by_validate_with_the_key_it_meant():
+    cfg = compose_train(["+rl.cycels=2"])
+    with pytest.raises(ConfigError, match=r"rl\.cycels: not a field .*; did you mean rl\.cycles\?"):
+        validate(cfg)
+
+
+def leaf_keys(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+@pytest.mark.parametrize("group", ["task", "coordination", "credit", "model", "trainer", "logger"])
+def test_no_key_of_any_option_is_taken_for_a_misspelling(group):
+    for path in sorted((CONF / group).glob("*.yaml")):
+        cfg = compose_train([f"{group}={path.stem}"])
+        keys = list(leaf_keys(OmegaConf.to_container(cfg, resolve=False)))
+        refuse_misspelled_keys([f"{key}=1" for key in keys])  # raises on a false alarm
+
+
+def test_cli_suggests_the_key_a_misspelled_one_meant_and_makes_no_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "bidswarm.train", f"hydra.run.dir={run_dir}", "rl.cycels=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "rl.cycels: no such key in the config; did you mean rl.cycles?" in result.stderr
+    assert not run_dir.exists()

@@ -22,7 +22,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from bidswarm import console
-from bidswarm.config import refuse_unknown_choices, register_configs
+from bidswarm.config import refuse_misspelled_keys, refuse_unknown_choices, register_configs
 from bidswarm.engines.vllm_engine import EngineStopped
 from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted, resume_checkpoint
 from bidswarm.lit.strategy import explain_stop
@@ -138,6 +138,7 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     try:
         refuse_unknown_choices(sys.argv[1:], CONF)
+        refuse_misspelled_keys(sys.argv[1:])
     except ValueError as error:
         sys.exit(f"Error: {error}")
     sys.exit(main())
