@@ -1,14 +1,17 @@
 """The Markdown pages read as one document each: one title, no section heading twice (a pasted
 copy of a section is found here, not by a reader); and every page a file cites is in the
-repository, every cited section of docs/method.md written."""
+repository, every cited section of docs/method.md written, and the task recipe of
+docs/architecture.md names every method a task writes."""
 
 from __future__ import annotations
 
 import collections
 import re
+from pathlib import Path
 
 import pytest
 
+from bidswarm.envs import TASKS, TextEnv  # importing it sets library variables: before the guard
 from conftest import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -90,3 +93,28 @@ def test_every_cited_section_of_the_method_page_exists():
     assert cited, "no file cites a section of docs/method.md"
     missing = {section: where for section, where in cited.items() if section not in numbered}
     assert not missing, f"sections of docs/method.md cited but not written: {missing}"
+
+
+def section(page: Path, title: str) -> str:
+    """The text of ``page``'s ``## <title>...`` section, up to the next ``##`` heading."""
+    text = page.read_text()
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_the_task_recipe_names_each_method_a_task_writes_and_each_file_it_cites():
+    recipe = section(ROOT / "docs" / "architecture.md", "Adding a task")
+    required = set(TextEnv.__abstractmethods__)
+    overridden = {  # the optional ones: a registered task overrides the base's default
+        name
+        for name in vars(TextEnv)
+        if not name.startswith("_") and name not in required and name != "Config"
+        for task in TASKS.values()
+        if any(name in vars(cls) for cls in task.__mro__[: task.__mro__.index(TextEnv)])
+    }
+    assert overridden, "no registered task overrides an optional method"
+    unnamed = sorted(name for name in required | overridden if f"`{name}" not in recipe)
+    assert not unnamed, f'docs/architecture.md "Adding a task" does not name {unnamed}'
+    cited = re.findall(r"`((?:src|tests)/[\w/.-]+)`", recipe)
+    assert cited and all((ROOT / path).exists() for path in cited), cited
