@@ -248,6 +248,57 @@ def test_the_smoke_profile_is_sized_per_model():
     assert compose_train(["debug=smoke", "model=smollm2_135m", "sft.epochs=3"]).sft.epochs == 3
 
 
+@pytest.mark.parametrize(
+    "overrides, budget",
+    [
+        (["debug=smoke"], 24),  # conf/debug/task/smoke_crafting_wooden_pickaxe.yaml
+        (["debug=reward"], 30),  # the wooden pickaxe's own (the canary's run)
+        (["debug=smoke", "task=navigation_r2r"], 24),
+        (["debug=reward", "task=navigation_r2r"], 12),
+        (["debug=smoke", "task=research"], 24),  # research's own
+        (["debug=reward", "task=research"], 12),
+        (["debug=smoke", "model=smollm2_135m"], 8),  # the model's profile wins over the task's
+        (["debug=smoke", "model=smollm2_135m", "task=navigation_r2r"], 8),
+        (["debug=smoke", "task=crafting_iron_pickaxe"], 120),  # no task profile: its own
+        (["debug=reward", "task=crafting_iron_pickaxe"], 120),
+        (["debug=reward", "task=navigation_r2r", "task.max_decisions=7"], 7),
+    ],
+    ids=lambda value: value if isinstance(value, int) else " ".join(value),
+)
+def test_a_debug_profile_keeps_the_tasks_budget_unless_a_task_or_model_profile_sets_it(
+    overrides, budget
+):
+    assert compose_train(overrides).task.max_decisions == budget
+
+
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        (
+            ["debug=reward", "task=navigation_r2r"],
+            "debug=reward changes the task's own values: task.max_decisions 64 -> 12, ",
+        ),
+        (["debug=smoke"], "debug=smoke changes the task's own values: task.max_decisions 30 -> 24"),
+        (
+            ["debug=reward"],
+            "debug=reward changes the task's own values: task.n_heldout_seeds 32 -> 4",
+        ),
+    ],
+)
+def test_a_debug_profile_says_what_it_changes_of_the_task(overrides, said, capsys):
+    from bidswarm.run.preflight import say_debug_changes
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        say_debug_changes(cfg.hydra, cfg)
+        out = capsys.readouterr().out
+        assert f"[bidswarm] {said}" in out
+        assert ("max_decisions" in out) == ("max_decisions" in said)  # reward keeps the 30
+        plain = compose("train", overrides=["task=navigation_r2r"], return_hydra_config=True)
+        say_debug_changes(plain.hydra, plain)
+        assert capsys.readouterr().out == ""
+
+
 def test_trainer_deterministic_reaches_the_trainer(tmp_path):
     from types import SimpleNamespace
 

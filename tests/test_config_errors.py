@@ -3,19 +3,23 @@ message names the key, the value and what is allowed."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bidswarm.algorithms.credit import CREDIT_RULES
 from bidswarm.config import (
     ConfigError,
     check_machine,
+    refuse_misspelled_keys,
     refuse_unknown_choices,
     register_configs,
     validate,
@@ -27,6 +31,8 @@ register_configs()
 
 # (overrides, the key named, the value as the message writes it, words of what is allowed)
 INVALID = [
+    (["seed=-1"], "seed", "-1", "0 .. 4294967295"),
+    (["seed=4294967296"], "seed", "4294967296", "0 .. 4294967295"),
     # task
     (["task.max_decisions=0"], "task.max_decisions", "0", ">= 1"),
     (["task.n_train_seeds=0"], "task.n_train_seeds", "0", ">= 1"),
@@ -325,6 +331,7 @@ def test_cli_refuses_bad_values_fast_and_makes_no_folder(tmp_path):
         ("credit=memory_tree", "credit.base=random"): [
             "credit.base='random': choose one of ['bucket_brigade', 'episode_return'"
         ],
+        ("seed=-1",): ["seed=-1: must be an integer in 0 .. 4294967295"],
     }
     for overrides, expected in cases.items():
         result = subprocess.run(
@@ -346,3 +353,100 @@ def test_cli_refuses_bad_values_fast_and_makes_no_folder(tmp_path):
             assert line in result.stderr, result.stderr
         assert "_schema" not in result.stderr
         assert not run_dir.exists(), "a refused config made its run folder"
+
+
+def folder_refusals(tmp_path) -> list[tuple[str, str, str]]:
+    """(key, folder, why the message gives): folders that cannot be made on this machine."""
+    blocked = tmp_path / "a_file"
+    blocked.write_text("")
+    cases = [("hydra.run.dir", f"{blocked}/run", f"{blocked} exists and is not a folder")]
+    if Path("/proc/self").is_dir():  # Linux: /proc takes no folder ("no such file" from mkdir)
+        cases.append(("hydra.run.dir", "/proc/x", "/proc exists but takes no new folder"))
+    if Path("/sys/kernel").is_dir():
+        cases.append(("hydra.sweep.dir", "/sys/x", "(/sys/x)"))
+    return cases
+
+
+def test_cli_names_an_output_folder_it_cannot_make_before_any_model_loads(tmp_path):
+    """The real CLI: a run's (or sweep's) folder that cannot be made is named, with why, by
+    the pre-run check; no traceback from Hydra's own mkdir."""
+    for key, folder, why in folder_refusals(tmp_path):
+        sweep = ["-m", "seed=0,1"] if key == "hydra.sweep.dir" else []
+        result = subprocess.run(
+            [sys.executable, "-m", "bidswarm.train", *sweep, "logger=csv", f"{key}={folder}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 1, result.stdout + result.stderr
+        said = f"Error: {key}={folder}: the output folder cannot be made: "
+        assert said in result.stderr and why in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and "SFT" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "override, meant",
+    [
+        ("rl.cycels=2", "rl.cycles"),
+        ("task.max_decision=8", "task.max_decisions"),
+        ("model.tiny.hiden_size=32", "model.tiny.hidden_size"),
+        ("task.world_size.citys=4", "task.world_size.cities"),  # research's, any task chosen
+        ("coordination.keep_bd=0.5", "coordination.keep_bid"),  # agentnet's
+        ("sed=3", "seed"),
+        ("rl.cycels=1,2", "rl.cycles"),  # a sweep's values
+    ],
+)
+def test_a_misspelled_key_is_refused_with_the_key_it_meant(override, meant):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{re.escape(key)}: no such key .* mean {meant}\?"):
+        refuse_misspelled_keys(["-m", override] if "," in override else [override])
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["rl.cycles=2", "task=navigation_r2r", "task.door_width=1.2", "debug=reward", "seed=1"],
+        ["+rl.cycels=2"],  # an added key: validate refuses it, with the same suggestion
+        ["rl.zzz=1"],  # no key is close: Hydra's own refusal names it
+        ["hydra.run.dir=out", "hydra/launcher=local", "~logger.tracking_uri"],
+    ],
+)
+def test_known_added_and_far_keys_are_left_to_hydra(arguments):
+    refuse_misspelled_keys(arguments)
+
+
+def test_an_added_misspelled_key_is_refused_by_validate_with_the_key_it_meant():
+    cfg = compose_train(["+rl.cycels=2"])
+    with pytest.raises(ConfigError, match=r"rl\.cycels: not a field .*; did you mean rl\.cycles\?"):
+        validate(cfg)
+
+
+def leaf_keys(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}"
+
+
+@pytest.mark.parametrize("group", ["task", "coordination", "credit", "model", "trainer", "logger"])
+def test_no_key_of_any_option_is_taken_for_a_misspelling(group):
+    for path in sorted((CONF / group).glob("*.yaml")):
+        cfg = compose_train([f"{group}={path.stem}"])
+        keys = list(leaf_keys(OmegaConf.to_container(cfg, resolve=False)))
+        refuse_misspelled_keys([f"{key}=1" for key in keys])  # raises on a false alarm
+
+
+def test_cli_suggests_the_key_a_misspelled_one_meant_and_makes_no_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "bidswarm.train", f"hydra.run.dir={run_dir}", "rl.cycels=2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "rl.cycels: no such key in the config; did you mean rl.cycles?" in result.stderr
+    assert not run_dir.exists()

@@ -1,4 +1,4 @@
-"""The machinery of PAPER.md section 8's remaining experiments: pass@k, replicas of a trained
+"""The machinery of docs/method.md section 8's remaining experiments: pass@k, replicas of a trained
 swarm, dropout at evaluation, adaptation from a trained run's checkpoint (``init_from=``)."""
 
 from __future__ import annotations

@@ -43,14 +43,26 @@ class IntegerDecisions(CraftingEnv):
         return super().episode_metrics() | {"decisions": self.decisions_made}
 
 
+class TiedExperts(CraftingEnv):
+    """Every role's expert bids the same top level: the auction must break ties at every step."""
+
+    def expert_bid(self, role: str) -> float:
+        return 0.0 if self.done else 0.8
+
+
 @pytest.mark.parametrize(
     "broken, named",
     [
         (WithoutSuccess, r"lacks \['success'\]"),
         (RewardNotSummed, r"\['reward'\] = 1\.0, the steps' rewards sum to 0\.0"),
         (IntegerDecisions, r"\['decisions'\] = 0: metrics are floats"),
+        (
+            TiedExperts,
+            r"seed 0, decision 0: the experts' top bids tie \(logger, miner, smith all bid 0\.8\)"
+            r"\. The no-tie rule",
+        ),
     ],
-    ids=["no_success", "reward", "int"],
+    ids=["no_success", "reward", "int", "tied_experts"],
 )
 def test_the_task_contract_refuses_a_broken_task_naming_what(broken, named):
     config = CraftingConfig(target="wooden_pickaxe", max_decisions=6)

@@ -1,4 +1,4 @@
-"""The forks' labels (PAPER.md section 4): how much of them is noise (control branches), the
+"""The forks' labels (docs/method.md section 4): how much of them is noise (control branches), the
 options that give them more signal, and the weight that makes a draw below the runner-up worth
 what the paper's rejection sampling keeps."""
 

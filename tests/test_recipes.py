@@ -221,6 +221,8 @@ def test_a_new_task_is_its_package_and_its_yaml(registries, conf):
     )
     cfg = compose_train(conf, ["task=counter_recipe"])
     validate(cfg)
+    for profile in ("debug=smoke", "debug=reward"):  # its budget is its own in a debug run too
+        assert compose_train(conf, ["task=counter_recipe", profile]).task.max_decisions == 8
     env = make_env(OmegaConf.to_object(cfg.task))
     assert isinstance(env, CounterEnv) and env.config.target == 5
     # 3. the conformance checks every registered task runs (tests/test_fork_contract.py)

@@ -52,6 +52,16 @@ def unit_interval(low_open: bool = False) -> Allowed:
     return Allowed(lambda value: 0 <= value <= 1, "must lie in [0, 1]", 1.5)
 
 
+MAX_SEED = 2**32 - 1
+"""The largest run seed, numpy's (``lightning.seed_everything`` seeds numpy); the smallest is 0."""
+
+
+def seed_range() -> Allowed:
+    return Allowed(
+        lambda value: 0 <= value <= MAX_SEED, f"must be an integer in 0 .. {MAX_SEED}", -1
+    )
+
+
 def one_of(choices: Collection[Any]) -> Allowed:
     return Allowed(
         lambda value: value in choices, f"choose one of {sorted(choices)}", "<none of these>"

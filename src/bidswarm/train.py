@@ -22,12 +22,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 
 from bidswarm import console
-from bidswarm.config import refuse_unknown_choices, register_configs
+from bidswarm.config import refuse_misspelled_keys, refuse_unknown_choices, register_configs
 from bidswarm.engines.vllm_engine import EngineStopped
 from bidswarm.lit.callbacks import STOP_SIGNALS_OF_THIS_PROCESS, RunInterrupted, resume_checkpoint
 from bidswarm.lit.strategy import explain_stop
 from bidswarm.run.phases import Run
-from bidswarm.run.preflight import checked_at_hydra_start, preflight
+from bidswarm.run.preflight import checked_at_hydra_start, preflight, say_debug_changes
 from bidswarm.run.threads import threads_per_job
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -122,6 +122,7 @@ def main(cfg: DictConfig) -> float:
     console.configure(cfg.verbose)
     if not checked_at_hydra_start(HydraConfig.get()):
         preflight(cfg)  # a sweep's job (its values are not the sweep's), or no Preflight
+        say_debug_changes(HydraConfig.get(), cfg)
     # Decoding grows KV caches a token at a time and training asks for activations of other
     # sizes: with fixed-size segments the allocator's cache fragments (an OOM with 140 GiB in
     # use, 33 GiB of it in tensors). Growable segments are read at the first CUDA allocation.
@@ -137,6 +138,7 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     try:
         refuse_unknown_choices(sys.argv[1:], CONF)
+        refuse_misspelled_keys(sys.argv[1:])
     except ValueError as error:
         sys.exit(f"Error: {error}")
     sys.exit(main())

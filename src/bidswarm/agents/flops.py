@@ -1,4 +1,4 @@
-"""FLOPs per token of one agent (PAPER.md section 5, extended to LoRA): the one formula.
+"""FLOPs per token of one agent (docs/method.md section 5, extended to LoRA): the one formula.
 
 A forward costs 2 multiply-adds-as-FLOPs per weight and token over every weight it runs
 through. A training token adds the backward: the gradient with respect to the activations

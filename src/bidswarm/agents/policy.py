@@ -1,11 +1,11 @@
 """One agent: a causal LM with its own parameters, its tokenizer and its role.
 
-The same model writes the agent's bid and, when it wins the auction, its action (PAPER.md
-section 1). This module is the learner's side of an agent: its trainable weights, prompts
-encoded to tokens, the teacher-forced log-probs of replies (with gradient for training,
-without for scoring at rollout time), saving and loading, and the frozen reference of the KL
-penalty. Generation is a rollout engine's (``bidswarm.engines``): whichever engine sampled a
-reply, the log-probs computed here are the training signal.
+The same model writes the agent's bid and, when it wins the auction, its action
+(docs/method.md section 1). This module is the learner's side of an agent: its trainable
+weights, prompts encoded to tokens, the teacher-forced log-probs of replies (with gradient for
+training, without for scoring at rollout time), saving and loading, and the frozen reference of
+the KL penalty. Generation is a rollout engine's (``bidswarm.engines``): whichever engine sampled
+a reply, the log-probs computed here are the training signal.
 """
 
 from __future__ import annotations

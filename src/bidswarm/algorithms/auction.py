@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 PAPER_BID_LEVELS: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8)
-"""The quantized bids of PAPER.md section 2: every coordination rule's and every PettingZoo
+"""The quantized bids of docs/method.md section 2: every coordination rule's and every PettingZoo
 view's default ``bid_levels``."""
 
 

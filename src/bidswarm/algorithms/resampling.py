@@ -1,5 +1,5 @@
-"""Redrawing the winner's bid in a fork (PAPER.md section 4): a draw below the runner-up's bid,
-and the weight that gives such draws the expectation of the paper's rejection sampling.
+"""Redrawing the winner's bid in a fork (docs/method.md section 4): a draw below the runner-up's
+bid, and the weight that gives such draws the expectation of the paper's rejection sampling.
 
 The paper resamples the winner's bid up to K = 3 times until it falls below the runner-up's and
 drops the step when every try fails. With q the chance that one resample lands below, a step is
@@ -44,9 +44,9 @@ def draw_below(logprobs: Tensor, generator: torch.Generator | None = None) -> tu
 
 def rejection_keep_probability(q: float, tries: int) -> float:
     """1 - (1 - q)^tries: the chance that rejection sampling with ``tries`` independent tries,
-    each a success with probability ``q``, succeeds (PAPER.md section 4: 3 tries). As the weight
-    of a fork drawn below the runner-up (:func:`draw_below`) it makes the weighted forks an
-    unbiased stand-in for the forks rejection sampling keeps. Accurate for tiny ``q`` too
+    each a success with probability ``q``, succeeds (docs/method.md section 4: 3 tries). As the
+    weight of a fork drawn below the runner-up (:func:`draw_below`) it makes the weighted forks
+    an unbiased stand-in for the forks rejection sampling keeps. Accurate for tiny ``q`` too
     (about ``tries * q``)."""
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q must be a probability in [0, 1], got {q!r}")

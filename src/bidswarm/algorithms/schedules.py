@@ -1,5 +1,5 @@
 """The learning rate of the RL updates over the run (``rl.lr_schedule``, ``rl.warmup_updates``)
-[ours]: the paper's RL learning rate is constant (PAPER.md section 5)."""
+[ours]: the paper's RL learning rate is constant (docs/method.md section 5)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Configs: the schemas of every group (``schemas.py``, their fixed choices in ``choices.py``),
-the value checks on a composed config (``validation.py``) and what a config asks of this
-machine (``machine.py``, the only one that imports torch). The public names are re-exported
-here: ``from bidswarm.config import RLConfig, validate``, with the group schemas that live
-beside their pieces (``CoordinationConfig``, ``CreditConfig``, ``TaskConfig``)."""
+the value checks on a composed config (``validation.py``), the key a misspelled one meant
+(``keys.py``) and what a config asks of this machine (``machine.py``, the only one that imports
+torch). The public names are re-exported here: ``from bidswarm.config import RLConfig,
+validate``, with the group schemas that live beside their pieces (``CoordinationConfig``,
+``CreditConfig``, ``TaskConfig``)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from bidswarm.config.validation import (
     STRATEGIES,
     TRACKING_SCHEMES,
     ConfigError,
+    refuse_misspelled_keys,
     refuse_unknown_choices,
     tracking_uri_problems,
     unknown_keys,
@@ -91,6 +93,7 @@ __all__ = [
     "TrainerConfig",
     "VLLMSettings",
     "check_machine",
+    "refuse_misspelled_keys",
     "refuse_unknown_choices",
     "register_configs",
     "tracking_uri_problems",

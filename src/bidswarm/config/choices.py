@@ -164,7 +164,7 @@ class SFTMatch(str, Enum):
     extra passes over actions; its SFT FLOPs are lower (``sft/flops`` shows by how much)."""
     tokens = "tokens"
     """The monolithic agent trains on as many tokens as the role agents of one replica in total,
-    bids included (matched SFT compute, PAPER.md section 5). Biased towards it: bid tokens it
+    bids included (matched SFT compute, docs/method.md section 5). Biased towards it: bid tokens it
     never learns are spent on more passes over the actions (with the tiny crafting defaults
     ~23 passes over each action demonstration against a role agent's ``sft.epochs`` = 6)."""
 

@@ -162,11 +162,12 @@ class ModelConfig:
     rollouts' scoring forwards (Graph-of-Agents, the forks' draws below the runner-up) use it;
     ``rl.micro_batch_tokens`` and ``sft.micro_batch_tokens`` read it by default."""
     sft_epochs: int = 2
-    """Epochs of the SFT cold start (PAPER.md: 2); read by the root config."""
+    """Epochs of the SFT cold start (the paper's 2, docs/method.md section 5); read by the root
+    config."""
     sft_lr: float = 1e-5
-    """Learning rate of the SFT cold start (PAPER.md section 5); read by the root config."""
+    """Learning rate of the SFT cold start (docs/method.md section 5); read by the root config."""
     rl_lr: float = 1e-6
-    """Learning rate of the RL updates (PAPER.md section 5); read by the root config."""
+    """Learning rate of the RL updates (docs/method.md section 5); read by the root config."""
 
 
 @dataclass
@@ -201,7 +202,7 @@ class LoggerConfig:
 
 @dataclass
 class SFTConfig:
-    """SFT cold start (PAPER.md section 5): each agent on its own role's demonstrations."""
+    """SFT cold start (docs/method.md section 5): each agent on its own role's demonstrations."""
 
     enabled: bool = True
     # epochs, lr and micro_batch_tokens: the model's values (``conf/train.yaml`` links them as
@@ -226,7 +227,7 @@ class SFTConfig:
 
 @dataclass
 class RLConfig:
-    """MPT training (PAPER.md sections 3-5)."""
+    """MPT training (docs/method.md sections 3-5)."""
 
     cycles: int = 12
     """Each cycle is ``action_updates`` REINFORCE updates then ``bid_updates`` BT updates; 0:
@@ -338,9 +339,9 @@ class RLConfig:
     stop_after: int | None = None
     """End this process after this many updates (e.g. a cluster time slot); resume later."""
     flop_budget: float | None = None
-    """[ours] End training once the run's training FLOPs (rollout + trained tokens, PAPER.md
-    section 5) reach this, even before ``cycles`` are done (None: train every cycle): arms of
-    different cost per update get the same compute (the adaptation experiment)."""
+    """[ours] End training once the run's training FLOPs (rollout + trained tokens,
+    docs/method.md section 5) reach this, even before ``cycles`` are done (None: train every
+    cycle): arms of different cost per update get the same compute (the adaptation experiment)."""
 
 
 @dataclass

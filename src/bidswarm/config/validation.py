@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 from omegaconf import DictConfig, OmegaConf
 
 from bidswarm.algorithms.credit import CREDIT_RULES
-from bidswarm.checks import Problems
+from bidswarm.checks import Problems, seed_range
+from bidswarm.config.keys import close_key, misspelled_keys
+from bidswarm.config.schemas import TrainConfig
 from bidswarm.coordination import RULES
 from bidswarm.coordination.bid_readers import READERS
 
@@ -67,7 +69,10 @@ def validate(cfg: Any) -> None:
     """Value checks that the schemas' types cannot express, on the config alone (no model, env
     or folder is made); raises :class:`ConfigError` listing every bad ``key=value`` with what is
     allowed. :func:`check_machine` checks what the config asks of this machine."""
-    problems = Problems(f"{key}: not a field of the config schema" for key in unknown_keys(cfg))
+    problems = Problems(
+        f"{key}: not a field of the config schema{_did_you_mean(key)}" for key in unknown_keys(cfg)
+    )
+    problems.check("seed", cfg.seed, seed_range())
     _task_problems(cfg.task, problems)
     _model_problems(cfg.model, problems)
     _rule_problems("coordination", RULES, cfg.coordination, problems)
@@ -137,6 +142,11 @@ def validate(cfg: Any) -> None:
     problems.at_least("eval.batch_size", cfg.eval.batch_size, 1)
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def _did_you_mean(key: str) -> str:
+    meant = close_key(key, TrainConfig)
+    return f"; did you mean {meant}?" if meant else ""
 
 
 def _task_problems(task: Any, problems: Problems) -> None:
@@ -402,6 +412,14 @@ def _clipping_problems(cfg: Any, problems: Problems) -> None:
             f"is DeepSpeed's global clip and applies under a deepspeed strategy only "
             f"(trainer.strategy={strategy}): clip each agent with rl.grad_clip",
         )
+
+
+def refuse_misspelled_keys(arguments: list[str]) -> None:
+    """Refuse ``key=value`` overrides of keys the config lacks where a known key is close,
+    naming it (``rl.cycels``: did you mean ``rl.cycles``?), before Hydra composes."""
+    found = misspelled_keys(arguments, TrainConfig, GROUPS + OPTIONAL_GROUPS)
+    if found:
+        raise ConfigError("\n  ".join(["invalid config:", *found]))
 
 
 def refuse_unknown_choices(arguments: list[str], conf_dir: Path) -> None:

@@ -31,7 +31,8 @@ from bidswarm.envs.experts import format_bid
 @dataclass
 class CoordinationConfig:
     """Who acts each step (``conf/coordination/``). ``bid_levels``: the quantized bids of
-    PAPER.md section 2; a rule with parameters extends this schema (see ``AgentNetConfig``)."""
+    docs/method.md section 2; a rule with parameters extends this schema (see
+    ``AgentNetConfig``)."""
 
     name: str = MISSING
     bid_levels: list[float] = field(default_factory=lambda: list(PAPER_BID_LEVELS))
@@ -63,7 +64,7 @@ class Situation:
                     the first step or after a skipped step).
     observation:    the shared (monolithic) observation; only for rules that read it.
     bids:           parsed bid level of each agent that :meth:`CoordinationRule.bidders` named
-                    (a malformed bid reply counts as 0, PAPER.md section 2).
+                    (a malformed bid reply counts as 0, docs/method.md section 2).
     peer_scores:    ``peer_scores[scorer][proposer]``: the mean token log-prob of ``proposer``'s
                     action proposal under ``scorer``'s own action prompt, for rules that ask
                     for proposals; the diagonal is only filled for a lone agent.
@@ -102,7 +103,7 @@ class Decision:
     """A rule's choice for one environment; ``actor`` None skips the step.
 
     runner_up / runner_up_bid: the best other bidder (a fork lets it act instead); a step is
-    contested when ``runner_up_bid`` is non-zero (PAPER.md section 4) and it is ``forkable``.
+    contested when ``runner_up_bid`` is non-zero (docs/method.md section 4) and it is ``forkable``.
     bids_read: whether ``winning_bid`` is the actor's bid level at this step (the b_t of Eq. 2
         of MPT, what credit and the winning-bid metrics read); False: the step was decided
         without the bids (its ``winning_bid`` counts as 0).
@@ -160,7 +161,7 @@ BID_LEVELS = (
         ),
     ),
 )
-"""What every rule's ``bid_levels`` must be (PAPER.md section 2: quantized bids, 0 passes)."""
+"""What every rule's ``bid_levels`` must be (docs/method.md section 2: quantized bids, 0 passes)."""
 
 
 class CoordinationRule(abc.ABC):

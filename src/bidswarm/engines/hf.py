@@ -5,8 +5,9 @@ fast on a CPU (docs/performance.md): the prompt head shared by a batch's rows is
 and kept across calls (``engines/prompt_heads.py``), ``model.rollout_dtype`` generates on a
 cast copy of the weights (bfloat16 matmuls for float32 weights), a static KV cache and CUDA
 graphs on an accelerator. Sampling, scoring and the learner's gradient forward agree on
-padding, position ids and temperature (DESIGN.md, transformers 5): the learner's side is
-:class:`~bidswarm.agents.policy.AgentPolicy`, this module is the sampler's.
+padding (left), position ids (from the mask: ``agents/policy.py`` ``positions_from_mask``) and
+temperature: the learner's side is :class:`~bidswarm.agents.policy.AgentPolicy`, this module is
+the sampler's.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ one agent acts (the auction picks it); the environment turns that agent's reply 
 the world and a reward. The rollout loop, the scripted experts and the fork machinery only ever
 talk to a task through this interface.
 
-The fork contract (DESIGN.md): ``snapshot()`` returns plain data that holds **everything** that
-decides the future (world, inventory or pose, decision counter, metric state, RNG state, the
-shared memory's notes), shares no mutable object with the live environment, and
-``restore(state)`` brings the environment back to exactly that point, so that replaying the same
-actions gives the same observations and rewards.
+The fork contract (docs/architecture.md, "The task contract"): ``snapshot()`` returns plain
+data that holds **everything** that decides the future (world, inventory or pose, decision
+counter, metric state, RNG state, the shared memory's notes), shares no mutable object with the
+live environment, and ``restore(state)`` brings the environment back to exactly that point, so
+that replaying the same actions gives the same observations and rewards.
 
 The shared memory (``task.memory``, ``envs/memory.py``) lives here, once for every task: a task
 draws what a role sees (``screen``) and carries out a reply (``act``); ``observation`` adds the

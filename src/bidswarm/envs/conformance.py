@@ -1,4 +1,5 @@
-"""The conformance checks that every registered task must pass (DESIGN.md, ``envs/base.py``).
+"""The conformance checks that every registered task must pass (``envs/base.py``; the
+contracts in words: docs/architecture.md, "The task contract").
 
 The fork contract (:func:`check_fork_contract`): from random mid-episode states, take a
 snapshot, play a random continuation, restore, replay the same continuation: observations,
@@ -7,8 +8,9 @@ be identical. The snapshot must not alias live state: playing on after ``snapsho
 change what it restores to.
 
 The task contract (:func:`check_task_contract`): the task's roles and seeds, its config's
-name, the experts' bids in [0, 1], the decision budget, and the metrics of
-:data:`~bidswarm.envs.base.EPISODE_METRICS` in every episode, each holding what it must.
+name, the experts' bids in [0, 1], the no-tie rule of the experts' top bids, the decision
+budget, and the metrics of :data:`~bidswarm.envs.base.EPISODE_METRICS` in every episode, each
+holding what it must.
 ``tests/test_fork_contract.py`` runs both on every task of ``envs.TASKS``.
 """
 
@@ -18,7 +20,9 @@ import pickle
 import random
 from collections.abc import Callable
 
+from bidswarm.algorithms.auction import PAPER_BID_LEVELS
 from bidswarm.envs.base import EPISODE_METRICS, EpisodeNotRunning, TextEnv
+from bidswarm.envs.experts import snap_to_level
 
 
 def random_reply(env: TextEnv, role: str | None, rng: random.Random) -> str:
@@ -130,6 +134,32 @@ def check_task_contract(make_env: Callable[[], TextEnv], seeds: list[int]) -> No
         env.reset(seed)
         env.restore(ended)
         _check_refused(env, task, f"after restoring the ended episode of seed {seed}")
+        _check_experts_never_tie(env, task, seed)
+
+
+def _check_experts_never_tie(env: TextEnv, task: str, seed: int) -> None:
+    """The no-tie rule: at every step of the experts' own episode of ``seed`` (the auction over
+    their bids, snapped to the bid levels), the highest bid is one role's, or every bid is 0.
+    The expert loop (``envs/experts.py``) and the PettingZoo and Gymnasium views draw a tie's
+    winner from different random streams, so tied experts play different episodes in each."""
+    env.reset(seed)
+    levels = list(PAPER_BID_LEVELS)
+    while not env.done:
+        bids = {role: snap_to_level(env.expert_bid(role), levels) for role in env.roles}
+        top = max(bids.values())
+        if top <= 0.0:
+            env.skip()
+            continue
+        tied = [role for role, bid in bids.items() if bid == top]
+        assert len(tied) == 1, (
+            f"{task} seed {seed}, decision {env.decisions_made}: the experts' top bids tie "
+            f"({', '.join(tied)} all bid {top}). The no-tie rule: in every state the experts "
+            "reach, one role's expert_bid is the highest (after snapping to the bid levels "
+            f"{levels}), or all are 0; otherwise the PettingZoo and Gymnasium views, which "
+            "break ties with another random stream, play other episodes than the expert loop "
+            '(docs/architecture.md, "The task contract")'
+        )
+        env.step(tied[0], env.expert_action(tied[0]) or "")
 
 
 def _check_refused(env: TextEnv, task: str, when: str) -> None:

@@ -3,7 +3,7 @@
 The text of a bid lives here too (``format_bid`` writes it, ``parse_bid`` reads it): the experts,
 the agents (``agents/prompts.py``) and the PettingZoo wrapper (``envs/pettingzoo.py``) share it.
 
-Used for SFT demonstrations (PAPER.md section 5: each agent learns only its own role's
+Used for SFT demonstrations (docs/method.md section 5: each agent learns only its own role's
 demonstrations) and to show that a task is solvable (the ceiling a trained swarm can reach).
 """
 
@@ -58,7 +58,7 @@ def parse_bid(text: str, levels: list[float]) -> tuple[float, bool]:
     """The first number of a bid reply snapped to the nearest level, and whether it parsed.
 
     A reply without a number, or whose first number is outside [0, 1], is malformed: it counts
-    as bid 0.0 (PAPER.md section 2) and the caller counts the failure.
+    as bid 0.0 (docs/method.md section 2) and the caller counts the failure.
     """
     match = _NUMBER.search(text)
     if match is None:

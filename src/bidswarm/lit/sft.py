@@ -1,4 +1,4 @@
-"""SFT cold start (PAPER.md section 5): each agent learns only its own role's demonstrations.
+"""SFT cold start (docs/method.md section 5): each agent learns only its own role's demonstrations.
 
 Every agent makes ``SFTConfig.epochs`` passes over each demonstration it learns, each pass in a
 fresh seeded order: a role agent over its role's action and bid demonstrations (of the bid ones,

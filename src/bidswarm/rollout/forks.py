@@ -1,8 +1,8 @@
 """Counterfactual forks of contested steps -> preference pairs of the winner's bids (Eq. 3).
 
-PAPER.md section 4: for a contested step, restore the world, resample the winner's bid until it
-falls below the runner-up's (so the runner-up acts), roll the branch out with the current
-policies, and prefer the bid whose branch earned more from that step on; ties are dropped.
+docs/method.md section 4: for a contested step, restore the world, resample the winner's bid
+until it falls below the runner-up's (so the runner-up acts), roll the branch out with the
+current policies, and prefer the bid whose branch earned more from that step on; ties are dropped.
 By default the bid is drawn below the runner-up's directly and the pair weighted by the chance
 that the paper's three tries would have kept the fork (``rl.bid_resample``): the same
 expectation as rejection sampling, without the forks it drops.
@@ -34,7 +34,7 @@ from bidswarm.rollout.records import Bid, Episode, PreferencePair, Reply, StepRe
 
 @dataclass
 class ForkStats:
-    """The funnel of one bid phase (PAPER.md section 4), from contested steps to pairs."""
+    """The funnel of one bid phase (docs/method.md section 4), from contested steps to pairs."""
 
     contested: int = 0
     eligible: int = 0
@@ -182,7 +182,7 @@ def fork_pairs(
     generator: torch.Generator,
     examples: list[ForkExample] | None = None,
 ) -> tuple[list[PreferencePair], ForkStats]:
-    """Counterfactual forks of contested steps (PAPER.md section 4) -> preference pairs.
+    """Counterfactual forks of contested steps (docs/method.md section 4) -> preference pairs.
 
     For each chosen contested step (``rl.fork_budget`` per episode among the steps
     :func:`forkable_steps` allows, uniformly or as ``rl.fork_selection`` says,

@@ -106,7 +106,7 @@ def peer_score_metrics(episodes: list[Episode], roles: list[str | None]) -> dict
 
 PARTICIPATION_DECISIONS = (10, 30)
 """Decision numbers (1-based) at which the share of each role acting is logged, besides the
-last decision of each episode (PAPER.md section 8 reports decision 120, the last)."""
+last decision of each episode (docs/method.md section 8 reports decision 120, the last)."""
 
 
 def participation_at_decisions(

@@ -86,7 +86,7 @@ class StepRecord:
 
     @property
     def contested(self) -> bool:
-        """PAPER.md section 4: the runner-up bid is non-zero."""
+        """docs/method.md section 4: the runner-up bid is non-zero."""
         return self.decision.contested
 
 
@@ -107,7 +107,8 @@ class Episode:
 
     @property
     def acting_steps(self) -> list[StepRecord]:
-        """The chain of actors that credit flows along (skipped steps dropped, PAPER.md 3)."""
+        """The chain of actors that credit flows along (skipped steps dropped, docs/method.md
+        section 3)."""
         return [step for step in self.steps if step.actor is not None]
 
     @property

@@ -5,8 +5,8 @@ Every call is batched per agent over many environments and asks the run's rollou
 engine in one call (:meth:`Swarm.bid_many`: LoRA agents of one base in one batch across their
 adapters). Scoring (Graph-of-Agents' peer scores, the forks' draws below the runner-up) runs
 on the engine's scoring model in forwards of at most ``token_budget`` tokens. Every call counts
-the tokens it processed in the swarm's :class:`~bidswarm.rollout.usage.Usage` (PAPER.md
-section 5).
+the tokens it processed in the swarm's :class:`~bidswarm.rollout.usage.Usage`
+(docs/method.md section 5).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The collector's ledger: tokens, FLOPs, bids, parse failures and actions, counted here only.
 
-FLOPs follow PAPER.md section 5 [ours], with the rates of :mod:`bidswarm.agents.flops`: 2 x the
-weights a token runs through per generated or scored token (rollout), forward + backward per
+FLOPs follow docs/method.md section 5 [ours], with the rates of :mod:`bidswarm.agents.flops`:
+2 x the weights a token runs through per generated or scored token (rollout), forward + backward per
 trained token (6 x params fully fine-tuned; 4 x base + 6 x adapter under LoRA), over all agents,
 forks included. The
 collector writes the ledger: the swarm counts what it generates and scores, the loop the

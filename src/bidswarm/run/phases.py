@@ -107,7 +107,7 @@ class Run:
 
     # -- phases --------------------------------------------------------------------------------
     def cold_start(self) -> None:
-        """SFT on each role's own expert demonstrations (PAPER.md section 5), then save."""
+        """SFT on each role's own expert demonstrations (docs/method.md section 5), then save."""
         if self.cfg.sft.enabled:
             parse_rate_before = self.bid_parse_rate()
             result = run_sft(

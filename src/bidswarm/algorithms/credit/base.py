@@ -42,7 +42,7 @@ Reads = Sequence[Sequence[ReadEdge]]
 
 @dataclass
 class CreditConfig:
-    """How an episode's reward becomes per-step credit (``conf/credit/``, PAPER.md sections 3
+    """How an episode's reward becomes per-step credit (``conf/credit/``, docs/method.md sections 3
     and 7); a rule with parameters extends this schema (see ``MemoryTreeConfig``)."""
 
     name: str = MISSING

@@ -123,7 +123,8 @@ def describe_role(role: str | None) -> str:
 
 @register_task("crafting")
 class CraftingEnv(TextEnv):
-    """The crafting task (PAPER.md section 6) on the embedded world of the module docstring."""
+    """The crafting task (docs/method.md section 6) on the embedded world of the module
+    docstring."""
 
     Config = CraftingConfig
     roles = ("logger", "miner", "smith")

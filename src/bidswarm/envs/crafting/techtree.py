@@ -218,7 +218,7 @@ MILESTONE_WEIGHTS: dict[str, float] = {
 """Relative value of each tech-tree item; the iron-pickaxe path sums to 140 as it stands."""
 
 REWARD_CAP = 140.0
-"""What a full path is worth (PAPER.md section 6: milestones, cap 140)."""
+"""What a full path is worth (docs/method.md section 6: milestones, cap 140)."""
 
 
 def default_milestones(target: str) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""VLN-CE R2R-style navigation: Turner / Mover / Stopper (PAPER.md section 6).
+"""VLN-CE R2R-style navigation: Turner / Mover / Stopper (docs/method.md section 6).
 
 ``NavigationEnv`` is the embedded task (procedural houses, pure Python);
 ``bidswarm.envs.navigation.habitat`` runs the same roles and action language on habitat-lab's

@@ -10,7 +10,7 @@ from bidswarm.envs.base import TaskConfig
 
 @dataclass
 class NavigationConfig(TaskConfig):
-    """VLN-CE R2R-style navigation by a Turner, a Mover and a Stopper (PAPER.md section 6).
+    """VLN-CE R2R-style navigation by a Turner, a Mover and a Stopper (docs/method.md section 6).
 
     The paper does not report its navigation reward; ours (documented, configurable) is the
     progress along the shortest path, normalised so that reaching the goal from the start sums to

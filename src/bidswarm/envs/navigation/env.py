@@ -1,12 +1,12 @@
 """The embedded VLN-CE-style navigation task: three roles share one body in a procedural house.
 
 The Turner owns "turn left/right N degree", the Mover "move forward N cm", the Stopper "stop"
-(PAPER.md section 6). The pose is continuous (x, y in metres, heading in degrees); commands run
-as 15 degree / 25 cm atomic steps and a step into a wall is refused (the move ends there).
-Observations are short text: the instruction, the current room, the wall ahead, every doorway
-and landmark of the room with its distance (quarter metres) and direction (``ahead``, ``left 30``,
-``right 45``, ``behind``: the turn step), and the result of the last decision. The experts
-read nothing else: the instruction names the rooms of the route, the current room says which
+(docs/method.md section 6). The pose is continuous (x, y in metres, heading in degrees);
+commands run as 15 degree / 25 cm atomic steps and a step into a wall is refused (the move ends
+there). Observations are short text: the instruction, the current room, the wall ahead, every
+doorway and landmark of the room with its distance (quarter metres) and direction (``ahead``,
+``left 30``, ``right 45``, ``behind``: the turn step), and the result of the last decision. The
+experts read nothing else: the instruction names the rooms of the route, the current room says which
 doorway (or the goal) comes next, and its view (distance, direction) gives the command [ours].
 
 Reward [ours]: progress along the shortest path, normalised by the start's geodesic distance (so

@@ -1,4 +1,4 @@
-"""Deep research over an offline corpus: Searcher, Opener and Finder (PAPER.md section 6)."""
+"""Deep research over an offline corpus: Searcher, Opener and Finder (docs/method.md section 6)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ class WorldSize:
 
 @dataclass
 class ResearchConfig(TaskConfig):
-    """Deep research over an offline corpus (PAPER.md section 6, OpenResearcher).
+    """Deep research over an offline corpus (docs/method.md section 6, OpenResearcher).
 
     Seeds index questions: training seed ``s`` asks training question ``s mod n``, held-out
     seed ``heldout_seed_offset + i`` asks held-out question ``i``.
