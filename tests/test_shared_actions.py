@@ -222,6 +222,19 @@ def test_every_role_may_give_every_instruction_and_its_skill_decides_the_outcome
     assert "not an instruction" in env.step(unable, "craft the moon").message
 
 
+@pytest.mark.parametrize("target", ["iron_pickaxe", "stone_bricks", "torch"])
+@pytest.mark.parametrize("bids", ["graded", "two_level"])
+def test_longer_targets_list_their_skills_and_never_tie_at_the_top(target, bids):
+    env = CraftingEnv(CraftingConfig(target=target, expert_bids=bids, actions="shared"))
+    for seed in range(8):
+        episode = play_expert_episode(env, seed, LEVELS)
+        bid_steps = [d for d in episode.demonstrations if d.kind == "bid"]
+        for step in range(0, len(bid_steps), len(env.roles)):
+            top = sorted((float(d.reply) for d in bid_steps[step : step + 3]), reverse=True)
+            assert top[0] == 0.8 and top[1] < 0.8
+    assert set(env.skills_shown) <= set(shared.SKILLS) and "handcrafting" in env.skills_shown
+
+
 def test_a_novice_succeeds_about_as_often_as_stated():
     env, tries, worked = crafting(), 0, 0
     for seed in range(400):
