@@ -31,9 +31,14 @@ class NavigationRules(TextEnv):
 
     @property
     def task_description(self) -> str:
+        who = (
+            "any of them may turn, move forward or stop"
+            if self.config.actions == "shared"
+            else "the turner turns, the mover moves forward, the stopper stops"
+        )
         return (
-            f"Three agents share one robot in {self.setting}: the turner turns, the mover moves "
-            "forward, the stopper stops. Follow the route instruction together and stop within "
+            f"Three agents share one robot in {self.setting}: {who}. Follow the route "
+            "instruction together and stop within "
             f"{self.config.success_distance:g} m of the goal, in at most "
             f"{self.config.max_decisions} decisions."
         )
