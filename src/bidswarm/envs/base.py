@@ -79,6 +79,10 @@ EPISODE_METRICS: dict[str, str] = {
 what each must hold (``envs/conformance.py`` checks them on every registered task)."""
 
 
+ACTIONS = ("split", "shared")
+"""The values of ``task.actions`` (:attr:`TaskConfig.actions`)."""
+
+
 def role_name(role: str | None) -> str:
     """``role``, or :data:`MONOLITHIC_NAME` for the monolithic agent."""
     return MONOLITHIC_NAME if role is MONOLITHIC else role
@@ -113,6 +117,11 @@ class TaskConfig:
     n_heldout_seeds: int = 32
     heldout_seed_offset: int = 1_000_000
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    actions: str = "split"
+    """Who may issue which action (docs/environments.md, "Who acts is a choice"): ``split``
+    (the paper's) gives each role its own disjoint set; ``shared`` [ours] lets every role issue
+    every action, and the roles differ in a competence or information drawn per world, which
+    each task defines."""
 
     def problems(self) -> list[str]:
         """``task.<key>=<value>: what is allowed`` for each field whose value cannot work, from
@@ -123,6 +132,7 @@ class TaskConfig:
         problems.at_least("task.max_decisions", self.max_decisions, 1)
         problems.at_least("task.n_train_seeds", self.n_train_seeds, 1)
         problems.at_least("task.n_heldout_seeds", self.n_heldout_seeds, 1)
+        problems.one_of("task.actions", self.actions, ACTIONS)
         problems.require(
             self.heldout_seed_offset >= self.n_train_seeds,
             "task.heldout_seed_offset",

@@ -34,6 +34,8 @@ class CraftingConfig(TaskConfig):
         its demonstrations' bids.
 
     private_inventory: see the field (the memory experiment's variant, docs/memory.md).
+    actions: ``split`` (the paper's) or ``shared`` [ours]: every role may give every
+        instruction and a skill drawn per world decides whose works (``crafting/shared.py``).
     """
 
     name: str = "crafting"
@@ -72,5 +74,11 @@ class CraftingConfig(TaskConfig):
             "task.private_inventory",
             self.private_inventory,
             "needs the shared memory: set task.memory.size >= 1",
+        )
+        problems.require(
+            not (self.private_inventory and self.actions == "shared"),
+            "task.actions",
+            self.actions,
+            "task.private_inventory's protocol is the split variant's: use task.actions=split",
         )
         return problems

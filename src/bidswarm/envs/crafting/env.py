@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from bidswarm.envs.base import StepResult, TextEnv, register_task, role_name
-from bidswarm.envs.crafting import expert, techtree
+from bidswarm.envs.crafting import expert, shared, techtree
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.memory import memo_entries
 from bidswarm.envs.quoting import quote
@@ -137,10 +137,15 @@ class CraftingEnv(TextEnv):
             if config.milestone_rewards is not None
             else techtree.default_milestones(config.target)
         )
+        everything = frozenset().union(*ROLE_INSTRUCTIONS.values())
         self._allowed: dict[str | None, frozenset[str]] = {
-            role: frozenset(instructions) for role, instructions in ROLE_INSTRUCTIONS.items()
+            role: everything if config.actions == "shared" else frozenset(instructions)
+            for role, instructions in ROLE_INSTRUCTIONS.items()
         }
-        self._allowed[None] = frozenset().union(*self._allowed.values())
+        self._allowed[None] = everything
+        self.skills: shared.Skills | None = None
+        """The world's skills under ``task.actions=shared`` (``crafting/shared.py``), else None."""
+        self.skills_shown: list[str] = []
         self._frames_hand = {
             name: techtree.break_frames(name, 1.0, config.frames_per_hardness)
             for name in ("dirt", "oak_log")
@@ -158,6 +163,8 @@ class CraftingEnv(TextEnv):
         # Log-uniform: a few worlds are iron-poor, which makes a careless plan run out of time.
         self.iron_rate = math.exp(world.uniform(math.log(0.01), math.log(0.3)))
         self.trees = world.randint(0, 2 + int(5 * self.tree_density))
+        if self.config.actions == "shared":
+            self.skills = shared.Skills(seed, self.roles)
 
     def reset(self, seed: int) -> None:
         seed = self.begin_episode(seed)
@@ -178,6 +185,8 @@ class CraftingEnv(TextEnv):
         self.frames_used = 0
         self.memory.clear()
         self._touch()
+        if self.skills is not None and not self.skills_shown:
+            self.skills_shown = shared.skills_needed(self)
 
     def _touch(self) -> None:
         """Invalidate what is cached per state (observation text, expert plan)."""
@@ -190,6 +199,9 @@ class CraftingEnv(TextEnv):
         return describe_task(self.config)
 
     def role_description(self, role: str | None) -> str:
+        if self.skills is not None:
+            everything = [i for own in ROLE_INSTRUCTIONS.values() for i in own]
+            return shared.describe(role, everything) + self.memory_hint
         return describe_role(role) + self.memory_hint
 
     def _near(self) -> str:
@@ -218,11 +230,17 @@ class CraftingEnv(TextEnv):
 
     def screen(self, role: str | None) -> str:
         """Step, inventory, furnace fuel, what is near, the last events; with
-        ``private_inventory`` the Logger sees only the step, what is near and its own events."""
+        ``private_inventory`` the Logger sees only the step, what is near and its own events;
+        with shared actions, then the skills ``role`` sees."""
         if self.config.private_inventory and role == "logger":
             step = min(self._decisions + 1, self.config.max_decisions)
             own = "; ".join(e for e in self.history if e.startswith("logger ")) or "nothing yet"
             return f"step {step} of {self.config.max_decisions}. near: {self._near()}. last: {own}."
+        if self.skills is not None:
+            return self._public_screen() + self.skills.text(role, self.skills_shown)
+        return self._public_screen()
+
+    def _public_screen(self) -> str:
         if self._observation is None:
             step = min(self._decisions + 1, self.config.max_decisions)
             events = "; ".join(self.history) or "nothing yet"
@@ -269,11 +287,12 @@ class CraftingEnv(TextEnv):
         if instruction is None:
             self.invalid_replies += 1
             said = quote(normalize(action), 4) or "nothing"
-            owner = f"a {actor_role}" if actor_role else "an"
+            owner = f"a {actor_role}" if actor_role and self.skills is None else "an"
             message = f"{who} said '{said}': not {owner} instruction"
             event = message
         else:
-            outcome = self._carry_out(instruction)
+            failure = self.skills.failure(actor_role, instruction, self) if self.skills else ""
+            outcome = failure or self._carry_out(instruction)
             message = f"{instruction}: {outcome}"
             event = f"{who} {message}"
         reward = self._pay_milestones(before)
@@ -542,6 +561,8 @@ class CraftingEnv(TextEnv):
         self._done = state["done"]
         self.invalid_replies, self.frames_used = state["counters"]
         self.memory.load(state["memory"])
+        if self.skills is not None:
+            self.skills = shared.Skills(self.seed, self.roles)
         self._touch()
 
     # -- scripted experts ------------------------------------------------------------------
@@ -551,7 +572,8 @@ class CraftingEnv(TextEnv):
         ``private_inventory`` the Logger and the Smith follow :meth:`_wood_protocol`."""
         if self.config.private_inventory and role in ("logger", "smith"):
             return self._wood_protocol(role)
-        action = expert.expert_action(self, role)
+        # Shared actions: every role's best reply is the plan's next step.
+        action = expert.expert_action(self, None if self.skills else role)
         if action is None or not self.memory.enabled or action not in ROLE_INSTRUCTIONS["miner"]:
             return action
         note = expert.sighting_note(self)
@@ -560,6 +582,8 @@ class CraftingEnv(TextEnv):
         return f"{action} note: {note}"
 
     def expert_bid(self, role: str) -> float:
+        if self.skills is not None:
+            return self.skills.expert_bid(role, self)
         if self.config.private_inventory and role == "logger":
             return expert.BOTTLENECK_BID if self._wood_protocol(role) else 0.0
         if self.config.private_inventory and role == "smith" and self._wood_is_next():

@@ -180,6 +180,11 @@ class MineStudioCraftingEnv(TextEnv):
                 f"task.memory.size={config.memory.size}: the MineStudio adapter has no shared "
                 "memory; use 0"
             )
+        if config.actions != "split":
+            raise ValueError(
+                f"task.actions={config.actions!r}: the MineStudio adapter has the split "
+                "variant only; use split"
+            )
         require_minestudio()
         from minestudio.models import SteveOnePolicy
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 
 from bidswarm.envs.base import StepResult, TextEnv, role_name
+from bidswarm.envs.navigation import shared
 from bidswarm.envs.navigation.actions import (
     MOVE_CENTIMETRES,
     ROLES,
@@ -30,9 +31,14 @@ class NavigationRules(TextEnv):
 
     @property
     def task_description(self) -> str:
+        who = (
+            "any of them may turn, move forward or stop"
+            if self.config.actions == "shared"
+            else "the turner turns, the mover moves forward, the stopper stops"
+        )
         return (
-            f"Three agents share one robot in {self.setting}: the turner turns, the mover moves "
-            "forward, the stopper stops. Follow the route instruction together and stop within "
+            f"Three agents share one robot in {self.setting}: {who}. Follow the route "
+            "instruction together and stop within "
             f"{self.config.success_distance:g} m of the goal, in at most "
             f"{self.config.max_decisions} decisions."
         )
@@ -40,17 +46,22 @@ class NavigationRules(TextEnv):
     def role_description(self, role: str | None) -> str:
         turns = "/".join(str(n) for n in TURN_DEGREES)
         moves = "/".join(str(n) for n in MOVE_CENTIMETRES)
+        commands = (
+            f'"turn left N degree" or "turn right N degree" (N = {turns}), '
+            f'"move forward N cm" (N = {moves}) or "stop"'
+        )
         texts = {
             "turner": f'You are the turner: reply "turn left N degree" or "turn right N degree", '
             f"N = {turns}.",
             "mover": f'You are the mover: reply "move forward N cm", N = {moves}.',
             "stopper": 'You are the stopper: reply "stop" when the goal is reached; it ends the '
             "episode.",
-            None: f'You control the robot: reply "turn left N degree" or "turn right N degree" '
-            f'(N = {turns}), "move forward N cm" (N = {moves}) or "stop" at the goal.',
+            None: f"You control the robot: reply {commands} at the goal.",
         }
         if role not in texts:
             raise ValueError(f"unknown navigation role {role!r}; roles are {ROLES}")
+        if self.config.actions == "shared":
+            return shared.describe(role, commands) + self.memory_hint
         return texts[role] + self.memory_hint
 
     @property
@@ -71,7 +82,7 @@ class NavigationRules(TextEnv):
         self.require_running("step()")
         self._decisions += 1
         command = parse_action(action)
-        if command is None or not role_may_act(actor_role, command):
+        if command is None or not self.may_act(actor_role, command):
             self._last = rejection_message(role_name(actor_role), action, command)
             self._done = self._decisions >= self.config.max_decisions
             return None, StepResult(0.0, self._done, valid=False, message=self._last)
@@ -103,13 +114,24 @@ class NavigationRules(TextEnv):
     def expert_command(self) -> NavAction | None:
         """The experts' next command (None when they have none, e.g. once the episode is over)."""
 
+    def may_act(self, role: str | None, command: NavAction) -> bool:
+        """Whether an agent of ``role`` (None: monolithic) may carry out ``command``: its own
+        kind of command (split actions), or any (shared)."""
+        return self.config.actions == "shared" or role_may_act(role, command)
+
+    def knows(self, role: str | None) -> bool:
+        """Whether ``role`` sees the current room's layout (always, but under shared actions
+        where a subclass draws who knows which room)."""
+        return True
+
     def expert_action(self, role: str | None) -> str | None:
         command = self.expert_command()
-        if command is None or not role_may_act(role, command):
+        if command is None or not self.knows(role) or not self.may_act(role, command):
             return None
         return command.text
 
     def expert_bid(self, role: str) -> float:
-        """0.8 when the next command the path needs is ``role``'s, else 0 (pass)."""
-        command = self.expert_command()
-        return 0.8 if command is not None and command.role == role else 0.0
+        """0.8 when the next command the path needs is ``role``'s (shared actions: when
+        ``role`` knows the room), else 0 (pass)."""
+        command = self.expert_action(role)
+        return shared.EXPERT_BID if command is not None else 0.0

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bidswarm.envs.base import StepResult, register_task
+from bidswarm.envs.navigation import shared
 from bidswarm.envs.navigation.actions import (
     MOVE_CENTIMETRES,
     MOVE_STEP_CENTIMETRES,
@@ -135,6 +136,8 @@ class NavigationEnv(NavigationRules):
         self._last = ""
         self._distance_to_goal = 0.0
         self._metrics: PathMetrics | None = None
+        self.room_knower: tuple[int, ...] = ()
+        """``task.actions=shared``: room -> the index of the role that knows it (per episode)."""
 
     # -- seeds ---------------------------------------------------------------------------------
     def scene_id(self, seed: int) -> int:
@@ -164,6 +167,9 @@ class NavigationEnv(NavigationRules):
         )
         self._metrics.start(episode.start)
         self.memory.clear()
+        if self.config.actions == "shared":
+            rooms = len(episode.scene.room_names)
+            self.room_knower = shared.draw_rooms(seed, rooms, len(self.roles))
 
     @property
     def episode(self) -> Episode:
@@ -185,9 +191,20 @@ class NavigationEnv(NavigationRules):
         return self._distance_to_goal
 
     def screen(self, role: str | None) -> str:
-        views = "; ".join(view.text for view in self._views())
+        """The instruction, the room, the views (under shared actions, only the wall ahead in
+        a room ``role`` does not know) and the last result."""
+        seen_views = self._views() if self.knows(role) else self._views()[:1]
+        views = "; ".join(view.text for view in seen_views)
+        if not self.knows(role):
+            views += f"; {shared.UNKNOWN_ROOM}"
         room = self._room_name()
         return f"go: {self.episode.instruction} in: {room}; {views}; last: {self._last}."
+
+    def knows(self, role: str | None) -> bool:
+        if self.config.actions == "split" or role is None:
+            return True
+        room = self.episode.scene.room_of(self._position)
+        return self.room_knower[room] == self.roles.index(role)
 
     def _room_name(self) -> str:
         scene = self.episode.scene

@@ -147,6 +147,11 @@ class HabitatNavigationEnv(NavigationRules):
 
     def __init__(self, config: HabitatNavigationConfig):
         super().__init__(config)
+        if config.actions != "split":
+            raise ValueError(
+                f"task.actions={config.actions!r}: the Habitat adapter has the split variant "
+                "only; use split"
+            )
         if self.memory.enabled:
             raise ValueError(
                 f"task.memory.size={config.memory.size}: the Habitat adapter has no shared "

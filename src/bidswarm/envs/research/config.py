@@ -39,6 +39,8 @@ class ResearchConfig(TaskConfig):
         (an OpenAI-compatible endpoint at ``judge_url``; key from the environment variable
         named by ``judge_api_key_env``, never from the config).
     private_results: see the field (the memory experiment's variant, docs/memory.md).
+    actions: ``split`` (the paper's) or ``shared`` [ours]: every role may call every tool and
+        the world draws whose call of each works (``research/shared.py``).
     """
 
     name: str = "research"
@@ -114,6 +116,12 @@ class ResearchConfig(TaskConfig):
             "task.private_results",
             self.private_results,
             "needs the shared memory: set task.memory.size >= 1",
+        )
+        problems.require(
+            not (self.private_results and self.actions == "shared"),
+            "task.actions",
+            self.actions,
+            "task.private_results is the split variant's: use task.actions=split",
         )
         if self.judge_url is not None:
             problems.require(

@@ -23,6 +23,7 @@ from typing import Any
 
 from bidswarm.envs.base import StepResult, TextEnv, register_task, role_name
 from bidswarm.envs.quoting import quote
+from bidswarm.envs.research import shared
 from bidswarm.envs.research.config import ResearchConfig
 from bidswarm.envs.research.corpus import (
     Document,
@@ -250,6 +251,8 @@ class ResearchEnv(TextEnv):
             "last_call": "",
             "last_caller": None,
         }
+        if self.config.actions == "shared":
+            self._state["tools"] = shared.draw_tools(seed, self.roles)
         self.memory.clear()
 
     def _question_index(self, seed: int) -> int:
@@ -291,6 +294,8 @@ class ResearchEnv(TextEnv):
             notes = s["notes"][:-1] if s["last_was_find"] else s["notes"]
             if notes:
                 head.append(f"Notes: {truncate_words(notes[-1], NOTE_WORDS)}")
+        if "tools" in s and role is not None:
+            head.append(shared.tools_line(s["tools"], role))
         tail = [f"Msg: {truncate_words(s['message'], MESSAGE_WORDS)}"] if s["message"] else []
         used = sum(len(line.split()) for line in head + tail) + 1 + self._memo_words()
         last = truncate_words(last, max(MAX_OBSERVATION_WORDS - used, 4))
@@ -322,8 +327,10 @@ class ResearchEnv(TextEnv):
         call = parse_call(action)
         if isinstance(call, str):
             return self._wasted(call)
+        if "tools" in s and actor_role not in (None, s["tools"][call.tool]):
+            return self._wasted(shared.broken(actor_role, call.tool))
         owner = TOOL_OWNERS[call.tool]
-        if actor_role is not None and actor_role != owner:
+        if "tools" not in s and actor_role is not None and actor_role != owner:
             return self._wasted(f"{actor_role} cannot use {call.tool}; the {owner} owns it")
         reward = 0.0
         if call.tool == "browser.search":
@@ -576,7 +583,7 @@ class ResearchEnv(TextEnv):
         if self.config.private_results:
             return self._private_expert_reply(role)
         step = self._next_expert_step()
-        if step is None or (role is not None and role != step[0]):
+        if step is None or (role is not None and role != self._expert_owner(step)):
             return None
         return step[1]
 
@@ -584,7 +591,14 @@ class ResearchEnv(TextEnv):
         if self.config.private_results:
             return EXPERT_BID if self._private_expert_reply(role) is not None else 0.0
         step = self._next_expert_step()
-        return EXPERT_BID if step is not None and step[0] == role else 0.0
+        return EXPERT_BID if step is not None and self._expert_owner(step) == role else 0.0
+
+    def _expert_owner(self, step: tuple[str, str]) -> str:
+        """Who takes an expert step: its tool's owner (shared actions: whose call of the tool
+        works in this world)."""
+        if "tools" in self._state:
+            return self._state["tools"][shared.tool_of(step[1])]
+        return step[0]
 
 
 def _line(screen: str, prefix: str) -> str:
