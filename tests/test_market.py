@@ -14,12 +14,21 @@ from bidswarm.coordination.auction import Auction
 from bidswarm.coordination.base import Decision, Situation
 from bidswarm.coordination.bid_readers import READERS, Argmax, Expected, Sampled, make_reader
 from bidswarm.coordination.expert_owner import ExpertOwner
+from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs import make_env
 from bidswarm.envs.experts import expert_levels, expert_owners, play_expert_episode
 from bidswarm.lit.bid_anchor import bid_anchor_loss
 from bidswarm.report.market import market_run_table, owner_gap_table
 from bidswarm.report.reading import RunResult
+from bidswarm.rollout.acting_values import (
+    ActingValues,
+    acting_values,
+    regret,
+    sample_states,
+    value_targets,
+)
 from bidswarm.rollout.batches import BidLabelBatch, bid_label_batches
+from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics, market_warnings
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
@@ -291,3 +300,47 @@ def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes()
     before, after = found["sft/relabel/0/agreement"], found["sft/relabel/2/agreement"]
     assert after > before + 0.2, found
     assert found["sft/relabel/flops"] > 0
+
+
+# -- every agent's value of acting, and the regret against that one-step oracle ----------------
+def test_acting_values_fork_every_agent_reproducibly_and_regret_is_never_negative():
+    swarm = build_swarm()
+    loop = RolloutLoop(lambda: make_env(task(10)), swarm, Auction())
+    episodes = loop.run([0, 1], random.Random(0), seeded(0), snapshot_every_step=True)
+    assert all(s.snapshot is not None for e in episodes for s in e.steps)
+    states = sample_states(episodes, 2, random.Random(1))
+    assert len(states) == 4 and all(e.steps.count(s) == 1 for e, s in states)
+    first = acting_values(loop, states, 2, random.Random(2), seeded(3))
+    again = acting_values(loop, states, 2, random.Random(2), seeded(3))
+    assert [f.returns for f in first] == [f.returns for f in again]
+    for forks in first:
+        assert len(forks.returns) == 3 and all(len(r) == 2 for r in forks.returns)
+        found = regret(forks)
+        assert found is None if forks.step.actor is None else found >= 0.0
+
+
+def acting(values: list[float], actor: int | None, open_reward: float | None) -> ActingValues:
+    record = StepRecord(0, Decision(actor=actor), open_reward=open_reward)
+    return ActingValues(Episode(0, [record]), record, tuple((v,) for v in values))
+
+
+def test_value_targets_are_shares_of_the_open_reward_in_bid_units():
+    assert value_targets(acting([70.0, 35.0, 0.0], 0, 140.0), 0.8) == pytest.approx([0.4, 0.2, 0])
+    # Where the task does not say what is open, the best agent's value is the scale.
+    assert value_targets(acting([2.0, 1.0, 0.5], 0, None), 0.8) == pytest.approx([0.8, 0.4, 0.2])
+    assert value_targets(acting([0.0, 0.0, 0.0], 0, None), 0.8) == [0.0, 0.0, 0.0]
+    assert regret(acting([5.0, 9.0, 1.0], 0, None)) == 4.0
+    assert regret(acting([5.0, 9.0, 1.0], None, None)) is None
+
+
+def test_an_evaluation_reports_the_regret_over_worlds_without_counting_its_forks():
+    swarm = build_swarm()  # untrained: its bids all skip, so a rule that always lets one act
+    loop = RolloutLoop(lambda: make_env(task(8)), swarm, RoundRobin())
+    plain = evaluate(loop, [0, 1, 2], 1, seed=0)
+    measured = evaluate(loop, [0, 1, 2], 1, seed=0, regret_states=1)
+    assert names.REGRET + "/mean" not in plain.metrics
+    assert measured.metrics[names.REGRET + "/mean"] >= 0.0
+    assert measured.metrics[names.REGRET + "/states"] <= 3
+    # The regret's forks change neither the evaluation's episodes nor its counted cost.
+    assert measured.metrics["reward/mean"] == plain.metrics["reward/mean"]
+    assert measured.usage.rollout_tokens == plain.usage.rollout_tokens

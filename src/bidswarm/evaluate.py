@@ -70,6 +70,9 @@ class EvaluateConfig:
     acts; the rule routes around it; a monolithic agent's absence wastes the step)."""
     batch_size: int = 64
     """Episodes played in lock-step at once."""
+    regret_states: int = 1
+    """[ours] States per world where every agent acts in a fork: the rule's who-should-act
+    regret against that one-step oracle (``eval/auction/regret/*``); 0: not measured."""
     seed: int = 0
     device: str = "cpu"
     task: Any = None
@@ -157,6 +160,8 @@ def validate_evaluation(cfg: DictConfig) -> None:
         problems.append(f"max_seeds={cfg.max_seeds}: must be >= 1 (or null for all)")
     if cfg.batch_size < 1:
         problems.append(f"batch_size={cfg.batch_size}: must be >= 1")
+    if cfg.regret_states < 0:
+        problems.append(f"regret_states={cfg.regret_states}: must be >= 0 (0: not measured)")
     if cfg.pass_k is not None and cfg.pass_k < 1:
         problems.append(f"pass_k={cfg.pass_k}: must be >= 1 (or null)")
     if cfg.replicas < 1:
@@ -293,6 +298,7 @@ def run_evaluation(cfg: DictConfig) -> dict[str, float]:
             cfg.batch_size,
             progress=True,
             mass_probe_prompts=cfg.bids.mass_probe_prompts,
+            regret_states=cfg.regret_states,
         )
     finally:
         loop.swarm.engine.close()

@@ -108,6 +108,7 @@ TOP_CONTESTED_WIN_SHARE = "auction/top_contested_win_share"
 :data:`bidswarm.rollout.market.DOMINANT_SHARE` the run warns that one agent wins almost every
 contest."""
 MARKET_HEALTH = (
+    "auction/regret",
     EXPERT_OWNER_AGREEMENT,
     VALID_LEVEL_MASS,
     BID_PARSE_RATE,
@@ -123,3 +124,10 @@ BID_ANCHOR = "loss_bid_anchor"
 """[ours] The bid anchor's loss in an action update (``bids.anchor_coef`` > 0): the negative
 log-likelihood per token of the task expert's bid labels at the update's bid prompts, before
 the coefficient; ``/<agent>`` per agent, the bare name the mean over the agents."""
+REGRET = "auction/regret"
+"""[ours] Who-should-act regret against a one-step fork oracle, per held-out evaluation
+(``eval.regret_states`` states per world): at a sampled state every agent acts first in a fork
+of its own and the swarm plays on with its own rule and policies; the regret is the best
+agent's return from there minus that of the agent the rule let act (reward units, acting
+states only). ``/mean``, ``/ci_low``, ``/ci_high`` over the worlds' mean regrets, ``/states``
+the states measured."""

@@ -360,6 +360,10 @@ class EvalConfig:
     that a multi-process run spreads over its processes (batch ``b`` on process
     ``b mod processes``), whose results do not depend on the number of processes. Lower it to
     spread a small evaluation over more processes (the numbers then change: the batches do)."""
+    regret_states: int = 1
+    """[ours] States per held-out world (of its first run) where every agent acts in a fork of
+    its own and the swarm plays on: the rule's who-should-act regret against that one-step
+    oracle (``auction/regret/*``, ``rollout/acting_values.py``); 0: not measured."""
     reference_rules: list[str] = field(default_factory=lambda: ["expert_owner"])
     """[ours] Coordination rules that also play the held-out worlds with the run's agents at
     each evaluation before and after RL (``<key>_<rule>/*``), and the paired difference of

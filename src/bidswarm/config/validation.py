@@ -92,6 +92,7 @@ def validate(cfg: Any) -> None:
     _rl_problems(cfg, problems)
     _clipping_problems(cfg, problems)
     problems.at_least("eval.runs_per_seed", cfg.eval.runs_per_seed, 1)
+    problems.at_least("eval.regret_states", cfg.eval.regret_states, 0)
     for name in cfg.eval.reference_rules:
         problems.require(
             name in RULES and not RULES[name].monolithic,

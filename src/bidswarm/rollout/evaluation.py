@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from bidswarm import metric_names as names
+from bidswarm.rollout.acting_values import acting_values, regret, sample_states
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import valid_level_mass
@@ -71,6 +73,9 @@ class PlayedBatches:
 
     episodes: dict[int, list[Episode]] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
+    regrets: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
+    """Batch index -> (world, who-should-act regret) of each state its forks measured
+    (:func:`batch_regrets`; empty without ``regret_states``)."""
 
     def without_token_ids(self) -> PlayedBatches:
         """The same episodes with their replies' token ids left out (empty), to send to another
@@ -80,6 +85,7 @@ class PlayedBatches:
         return PlayedBatches(
             {b: [_without_token_ids(e) for e in batch] for b, batch in self.episodes.items()},
             self.usage,
+            self.regrets,
         )
 
 
@@ -111,6 +117,7 @@ def play_batches(
     rank: int = 0,
     processes: int = 1,
     progress: bool = False,
+    regret_states: int = 0,
 ) -> PlayedBatches:
     """Play the evaluation's batches ``rank, rank + processes, ...`` (sampling, each batch's own
     randomness), counting into a ledger of its own (``Swarm.evaluating``, which also sets the
@@ -129,12 +136,38 @@ def play_batches(
         for position, index in enumerate(mine):
             bar.set_postfix(batch=f"{position + 1}/{len(mine)}", episodes=len(batches[index]))
             rng, generator = batch_randomness(seed, index, device)
-            played.episodes[index] = loop.run(
-                batches[index], rng, generator, on_decision=lambda: bar.update(1)
+            episodes = loop.run(
+                batches[index],
+                rng,
+                generator,
+                on_decision=lambda: bar.update(1),
+                snapshot_every_step=regret_states > 0,
             )
+            if regret_states:
+                played.regrets[index] = batch_regrets(loop, episodes, regret_states, seed, index)
+            played.episodes[index] = episodes
             bar.update((position + 1) * horizon - bar.n)
     played.usage = usage
     return played
+
+
+def batch_regrets(
+    loop: RolloutLoop, episodes: list[Episode], per_world: int, seed: int, batch: int
+) -> list[tuple[int, float]]:
+    """The who-should-act regret (``rollout/acting_values.py``) at up to ``per_world`` acting
+    states of the first episode of each world in ``episodes`` (drawn from a key of the batch's own,
+    so the evaluation's episodes are those without it), one branch per agent, its tokens
+    counted in no ledger (the evaluation's ``flops`` are the rule's own cost); the episodes'
+    snapshots are dropped after. (world, regret) per acting state."""
+    device = next(loop.swarm.population.parameters()).device
+    rng, generator = seeded_randomness(f"regret/{seed}/{batch}", device)
+    firsts = list({e.seed: e for e in reversed(episodes)}.values())
+    with loop.swarm.separate_usage():  # a measurement of the rule, not the rule's own cost
+        states = sample_states(firsts, per_world, rng, acting_only=True)
+        forks = acting_values(loop, states, 1, rng, generator)
+    for step in (s for e in episodes for s in e.steps):
+        step.snapshot = None
+    return [(f.episode.seed, r) for f in forks if (r := regret(f)) is not None]
 
 
 def summarize_evaluation(
@@ -160,6 +193,16 @@ def summarize_evaluation(
     }
     if mass_probe_prompts:
         metrics |= valid_level_mass(loop.swarm, episodes, mass_probe_prompts)
+    regrets = [pair for part in parts for batch in part.regrets.values() for pair in batch]
+    if regrets:
+        per_world = per_world_means([r for _, r in regrets], [w for w, _ in regrets])
+        summary = summarize(list(per_world.values()))
+        metrics |= {
+            f"{names.REGRET}/mean": summary.mean,
+            f"{names.REGRET}/ci_low": summary.ci_low,
+            f"{names.REGRET}/ci_high": summary.ci_high,
+            f"{names.REGRET}/states": float(len(regrets)),
+        }
     pass_metrics, world_pass_at_k = pass_at_k_metrics(episodes, runs_per_seed)
     return Evaluation(metrics | pass_metrics, episodes, world_rewards, world_pass_at_k, usage)
 
@@ -172,10 +215,13 @@ def evaluate(
     batch_size: int = 64,
     progress: bool = False,
     mass_probe_prompts: int = 0,
+    regret_states: int = 0,
 ) -> Evaluation:
     """Play ``seeds`` x ``runs_per_seed`` episodes in this process, ``batch_size`` in lock-step
     at a time (:func:`play_batches`, with its bar if ``progress``), and summarize them."""
-    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, progress=progress)
+    played = play_batches(
+        loop, seeds, runs_per_seed, seed, batch_size, progress=progress, regret_states=regret_states
+    )
     return summarize_evaluation([played], loop, runs_per_seed, mass_probe_prompts)
 
 

@@ -65,14 +65,25 @@ class RolloutLoop:
         generator: torch.Generator,
         keep_snapshots: bool = False,
         on_decision: Callable[[], None] | None = None,
+        snapshot_every_step: bool = False,
     ) -> list[Episode]:
-        """Play one episode per seed, all in lock-step; snapshots of contested steps if asked;
-        ``on_decision`` is called after each lock-step decision (a progress bar)."""
+        """Play one episode per seed, all in lock-step; snapshots of contested steps if asked
+        (of every step with ``snapshot_every_step``: forks where every agent acts,
+        ``rollout/acting_values.py``); ``on_decision`` is called after each lock-step decision
+        (a progress bar)."""
         envs = self.envs(len(seeds))
         for env, seed in zip(envs, seeds, strict=True):
             env.reset(seed)
         episodes = [Episode(seed=seed) for seed in seeds]
-        self.play(envs, episodes, rng, generator, keep_snapshots, on_decision=on_decision)
+        self.play(
+            envs,
+            episodes,
+            rng,
+            generator,
+            keep_snapshots,
+            on_decision=on_decision,
+            snapshot_every_step=snapshot_every_step,
+        )
         for env, episode in zip(envs, episodes, strict=True):
             episode.metrics = env.episode_metrics()
             if keep_snapshots:
@@ -93,6 +104,7 @@ class RolloutLoop:
         keep_snapshots: bool = False,
         first_actors: list[int] | None = None,
         on_decision: Callable[[], None] | None = None,
+        snapshot_every_step: bool = False,
     ) -> None:
         """Step every env to its end, appending to ``episodes``. ``first_actors`` forces who
         acts first (a fork's branches); the rule decides every later step. ``on_decision``:
@@ -128,7 +140,7 @@ class RolloutLoop:
                 record.expert_levels = levels
                 if levels and _reaches_expert_state(env, episodes[env_index]):
                     record.followed_expert = self._follows_expert(env, record)
-                self._step(env, record, keep_snapshots)
+                self._step(env, record, keep_snapshots, snapshot_every_step)
                 episodes[env_index].steps.append(record)
                 rewards.append(record.reward)
             if situations is not None:
@@ -297,10 +309,13 @@ class RolloutLoop:
         return frozenset(agent for agent in present if self.swarm.role(agent) in owners)
 
     # -- stepping ------------------------------------------------------------------------------
-    def _step(self, env: TextEnv, record: StepRecord, keep_snapshots: bool) -> None:
-        """Take the decided step in ``env``, filling in ``record``."""
+    def _step(
+        self, env: TextEnv, record: StepRecord, keep_snapshots: bool, every_step: bool = False
+    ) -> None:
+        """Take the decided step in ``env``, filling in ``record`` (with the state before it
+        when the step is contested and ``keep_snapshots``, or ``every_step``)."""
         decision, action = record.decision, record.action
-        if keep_snapshots and record.contested:
+        if (keep_snapshots and record.contested) or every_step:
             record.snapshot = env.snapshot()
             record.open_reward = env.open_reward()
         if decision.actor is None:

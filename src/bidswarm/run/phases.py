@@ -177,7 +177,7 @@ class Run:
         (``eval.batch_size`` episodes each) and process 0 gathers them
         (:func:`evaluate_over_processes`): the numbers of one process playing them all, while
         the other processes no longer wait idle for process 0 in their next collective."""
-        evaluation = self.held_out(self.loop)
+        evaluation = self.held_out(self.loop, self.cfg.eval.regret_states)
         references = play_references(self.loop, self.cfg.eval.reference_rules, self.held_out)
         if evaluation is None:
             return {}
@@ -209,9 +209,10 @@ class Run:
         )
         return metrics
 
-    def held_out(self, loop: RolloutLoop) -> Evaluation | None:
-        """``loop`` on the held-out worlds (``eval``), over the run's processes; None on the
-        processes but the first."""
+    def held_out(self, loop: RolloutLoop, regret_states: int = 0) -> Evaluation | None:
+        """``loop`` on the held-out worlds (``eval``), over the run's processes, with the
+        who-should-act regret at ``regret_states`` states per world; None on the processes but
+        the first."""
         return evaluate_over_processes(
             loop,
             self.env.heldout_seeds()[: self.cfg.eval.max_seeds],
@@ -220,6 +221,7 @@ class Run:
             self.cfg.eval.batch_size,
             progress=True,
             mass_probe_prompts=self.cfg.bids.mass_probe_prompts,
+            regret_states=regret_states,
         )
 
     def fit(self) -> bool:
@@ -403,6 +405,7 @@ def evaluate_over_processes(
     batch_size: int,
     progress: bool = False,
     mass_probe_prompts: int = 0,
+    regret_states: int = 0,
 ) -> Evaluation | None:
     """The held-out evaluation of ``seeds`` x ``runs_per_seed`` (``rollout/evaluation.py``), its
     batches of ``batch_size`` spread over the run's processes (``lit/collectives.py``): the
@@ -413,7 +416,9 @@ def evaluate_over_processes(
     rank, processes = process_group()
     if rank != 0 and processes == 1:
         return None
-    played = play_batches(loop, seeds, runs_per_seed, seed, batch_size, rank, processes, progress)
+    played = play_batches(
+        loop, seeds, runs_per_seed, seed, batch_size, rank, processes, progress, regret_states
+    )
     if processes > 1:
         played = played.without_token_ids()
     parts = gather_on_process_zero(played)

@@ -233,6 +233,11 @@ def market_lines(metrics: dict[str, float], label: str) -> list[str]:
         )
     if names.WINNER_ENTROPY_BITS in metrics:
         parts.append(f"who acts {metrics[names.WINNER_ENTROPY_BITS]:.2f} bits")
+    if f"{names.REGRET}/mean" in metrics:
+        parts.append(
+            f"who-should-act regret {metrics[f'{names.REGRET}/mean']:.2f} (95% CI "
+            f"{metrics[f'{names.REGRET}/ci_low']:.2f} .. {metrics[f'{names.REGRET}/ci_high']:.2f})"
+        )
     lines = [f"[bidswarm] market {label}: " + "; ".join(parts)]
     for key in sorted(k for k in metrics if k.startswith("gap_to_") and k.endswith("/mean")):
         rule = key[len("gap_to_") : -len("/mean")]

@@ -1,0 +1,117 @@
+"""[ours] Every agent's value of acting, measured by forks where each agent acts.
+
+At a sampled state of an episode (any step with a snapshot, skipped steps included), restore
+the world once per agent and branch, force that agent to act first, and let the swarm play the
+rest of the episode with its own rule and policies; an agent's value of acting there is the
+mean reward of its branches from that step on. Branch ``k`` of every agent draws from the same
+random numbers (one seed per branch index, the same generator state for every agent's
+rollout of it: common random numbers), so the agents' values differ by who acts, not by luck
+of sampling, as far as their rollouts stay aligned.
+
+Two readers: bid updates with ``rl.bid_loss=calibrated`` train every agent's bid toward its
+normalised value (:func:`value_targets`), and held-out evaluations with ``eval.regret_states``
+measure the rule's who-should-act regret against this one-step oracle (:func:`regret`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from bidswarm.rollout.loop import RolloutLoop
+from bidswarm.rollout.records import Episode, StepRecord
+
+
+@dataclass(frozen=True)
+class ActingValues:
+    """The forks of one state: ``returns[agent][branch]``, the reward from the step on."""
+
+    episode: Episode
+    step: StepRecord
+    returns: tuple[tuple[float, ...], ...]
+
+    @property
+    def values(self) -> list[float]:
+        """Each agent's mean return over its branches."""
+        return [sum(r) / len(r) for r in self.returns]
+
+    @property
+    def oracle(self) -> float:
+        """The best agent's value: what the one-step oracle's choice earns."""
+        return max(self.values)
+
+
+def sample_states(
+    episodes: list[Episode], per_episode: int, rng: random.Random, acting_only: bool = False
+) -> list[tuple[Episode, StepRecord]]:
+    """Up to ``per_episode`` steps with a snapshot of each episode (``acting_only``: of those
+    where an agent acted), a uniform draw from ``rng`` (in episode order)."""
+    chosen = []
+    for episode in episodes:
+        steps = [
+            s
+            for s in episode.steps
+            if s.snapshot is not None and (s.actor is not None or not acting_only)
+        ]
+        chosen += [(episode, s) for s in rng.sample(steps, min(per_episode, len(steps)))]
+    return chosen
+
+
+def acting_values(
+    loop: RolloutLoop,
+    states: list[tuple[Episode, StepRecord]],
+    branches: int,
+    rng: random.Random,
+    generator: torch.Generator,
+) -> list[ActingValues]:
+    """Every agent's returns from each of ``states`` over ``branches`` branches where it acts
+    first (common random numbers across agents per branch index, see the module); each
+    agent's branches of all states are played in one lock-step rollout."""
+    if not states:
+        return []
+    n = loop.swarm.n_agents
+    returns: list[list[list[float]]] = [[[] for _ in range(n)] for _ in states]
+    for _ in range(branches):
+        seed = rng.randrange(2**62)
+        for agent in range(n):
+            envs = loop.envs(len(states))
+            for env, (_, step) in zip(envs, states, strict=True):
+                env.restore(step.snapshot)
+            played = [Episode(seed=episode.seed) for episode, _ in states]
+            branch_generator = torch.Generator(device=generator.device).manual_seed(seed)
+            loop.play(
+                envs,
+                played,
+                random.Random(seed),
+                branch_generator,
+                first_actors=[agent] * len(states),
+            )
+            for j, branch in enumerate(played):
+                returns[j][agent].append(branch.total_reward)
+    return [
+        ActingValues(episode, step, tuple(tuple(r) for r in agent_returns))
+        for (episode, step), agent_returns in zip(states, returns, strict=True)
+    ]
+
+
+def value_targets(forks: ActingValues, top_level: float) -> list[float]:
+    """Each agent's normalised value of acting, in bid units [0, ``top_level``]: its value as
+    a share of the reward still open at the state (``StepRecord.open_reward``, the task's own
+    estimate), or, where the task does not say, of the best agent's value; 0 when nothing is
+    left to earn."""
+    values = forks.values
+    scale = forks.step.open_reward
+    if scale is None or scale <= 0:
+        scale = max(values)
+    if scale <= 0:
+        return [0.0] * len(values)
+    return [top_level * min(max(v / scale, 0.0), 1.0) for v in values]
+
+
+def regret(forks: ActingValues) -> float | None:
+    """The oracle's value minus the value of the agent that acted at the state (None at a
+    skipped step, which no fork measures)."""
+    actor = forks.step.actor
+    return None if actor is None else forks.oracle - forks.values[actor]
