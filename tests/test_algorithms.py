@@ -181,30 +181,34 @@ def test_credit_rules_share_one_signature(name) -> None:
     randomness gives the same credits from any ``rng``; one that reads no memory ignores it."""
     rule = credit_rule(name)
     assert rule.name == name
-    rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    credits, lost = rule(rewards, bids, random.Random(0), BID_LEVELS)
+    rewards, bids, runner_up = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6], [0.6, 0.2, 0.0]
+    credits, lost = rule(rewards, bids, runner_up, random.Random(0), BID_LEVELS)
     assert len(credits) == len(rewards) and all(math.isfinite(c) for c in [*credits, lost])
-    assert rule([], [], random.Random(0), BID_LEVELS) == ([], 0.0)
+    assert rule([], [], [], random.Random(0), BID_LEVELS) == ([], 0.0)
     if not rule.draws_randomness:
-        assert rule(rewards, bids, random.Random(9), BID_LEVELS) == (credits, lost)
+        assert rule(rewards, bids, runner_up, random.Random(9), BID_LEVELS) == (credits, lost)
     if not rule.reads_memory:
         reads = [[], [ReadEdge(0, 1.0)], [ReadEdge(1, 2.0)]]
-        assert rule(rewards, bids, random.Random(0), BID_LEVELS, reads) == (credits, lost)
+        assert rule(rewards, bids, runner_up, random.Random(0), BID_LEVELS, reads) == (
+            credits,
+            lost,
+        )
 
 
 def test_each_credit_rule_applies_its_equation() -> None:
-    rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    assert credit_rule("reward_to_go")(
-        rewards, bids, random.Random(0), BID_LEVELS
-    ) == reward_to_go_credit(rewards)
+    rewards, bids, runner_up = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6], [0.6, 0.2, 0.4]
+    chain = (rewards, bids, runner_up)
+    assert credit_rule("reward_to_go")(*chain, random.Random(0), BID_LEVELS) == reward_to_go_credit(
+        rewards
+    )
     assert credit_rule("bucket_brigade")(
-        rewards, bids, random.Random(0), BID_LEVELS
+        *chain, random.Random(0), BID_LEVELS
     ) == bucket_brigade_credit(rewards, bids)
-    assert credit_rule("random")(rewards, bids, random.Random(3), BID_LEVELS) == random_bid_credit(
+    assert credit_rule("random")(*chain, random.Random(3), BID_LEVELS) == random_bid_credit(
         rewards, random.Random(3), BID_LEVELS
     )
     assert credit_rule("episode_return")(
-        rewards, bids, random.Random(0), BID_LEVELS
+        *chain, random.Random(0), BID_LEVELS
     ) == episode_return_credit(rewards)
 
 
@@ -559,7 +563,7 @@ def test_the_discounted_return_rule_reads_its_gamma_and_ignores_the_bids() -> No
     rule = make_credit(DiscountedReturnConfig(name="discounted_return", gamma=0.5))
     rewards = [0.0, 0.0, 10.0]
     for bids in ([0.8, 0.4, 0.6], [0.2, 0.2, 0.2]):
-        assert rule(rewards, bids, random.Random(0), BID_LEVELS) == ([2.5, 5.0, 10.0], 0.0)
+        assert rule(rewards, bids, bids, random.Random(0), BID_LEVELS) == ([2.5, 5.0, 10.0], 0.0)
     assert credit_rule("discounted_return").gamma == 0.95
     with pytest.raises(ValueError, match=r"credit\.gamma"):
         make_credit(DiscountedReturnConfig(name="discounted_return", gamma=-0.1))
