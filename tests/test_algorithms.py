@@ -27,7 +27,8 @@ from bidswarm.algorithms import (
     reward_to_go_credit,
     run_auction,
 )
-from bidswarm.algorithms.credit import ReadEdge
+from bidswarm.algorithms.credit import ReadEdge, second_price_credit
+from bidswarm.algorithms.credit.second_price import CRAFTING_PRICE_SCALE, SecondPriceConfig
 
 BID_LEVELS = (0.0, 0.2, 0.4, 0.6, 0.8)
 
@@ -181,31 +182,38 @@ def test_credit_rules_share_one_signature(name) -> None:
     randomness gives the same credits from any ``rng``; one that reads no memory ignores it."""
     rule = credit_rule(name)
     assert rule.name == name
-    rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    credits, lost = rule(rewards, bids, random.Random(0), BID_LEVELS)
+    rewards, bids, runner_up = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6], [0.6, 0.2, 0.0]
+    credits, lost = rule(rewards, bids, runner_up, random.Random(0), BID_LEVELS)
     assert len(credits) == len(rewards) and all(math.isfinite(c) for c in [*credits, lost])
-    assert rule([], [], random.Random(0), BID_LEVELS) == ([], 0.0)
+    assert rule([], [], [], random.Random(0), BID_LEVELS) == ([], 0.0)
     if not rule.draws_randomness:
-        assert rule(rewards, bids, random.Random(9), BID_LEVELS) == (credits, lost)
+        assert rule(rewards, bids, runner_up, random.Random(9), BID_LEVELS) == (credits, lost)
     if not rule.reads_memory:
         reads = [[], [ReadEdge(0, 1.0)], [ReadEdge(1, 2.0)]]
-        assert rule(rewards, bids, random.Random(0), BID_LEVELS, reads) == (credits, lost)
+        assert rule(rewards, bids, runner_up, random.Random(0), BID_LEVELS, reads) == (
+            credits,
+            lost,
+        )
 
 
 def test_each_credit_rule_applies_its_equation() -> None:
-    rewards, bids = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6]
-    assert credit_rule("reward_to_go")(
-        rewards, bids, random.Random(0), BID_LEVELS
-    ) == reward_to_go_credit(rewards)
+    rewards, bids, runner_up = [0.0, 0.0, 10.0], [0.8, 0.4, 0.6], [0.6, 0.2, 0.4]
+    chain = (rewards, bids, runner_up)
+    assert credit_rule("reward_to_go")(*chain, random.Random(0), BID_LEVELS) == reward_to_go_credit(
+        rewards
+    )
     assert credit_rule("bucket_brigade")(
-        rewards, bids, random.Random(0), BID_LEVELS
+        *chain, random.Random(0), BID_LEVELS
     ) == bucket_brigade_credit(rewards, bids)
-    assert credit_rule("random")(rewards, bids, random.Random(3), BID_LEVELS) == random_bid_credit(
+    assert credit_rule("random")(*chain, random.Random(3), BID_LEVELS) == random_bid_credit(
         rewards, random.Random(3), BID_LEVELS
     )
     assert credit_rule("episode_return")(
-        rewards, bids, random.Random(0), BID_LEVELS
+        *chain, random.Random(0), BID_LEVELS
     ) == episode_return_credit(rewards)
+    assert credit_rule("second_price")(*chain, random.Random(0), BID_LEVELS) == second_price_credit(
+        rewards, runner_up, CRAFTING_PRICE_SCALE
+    )
 
 
 def test_bucket_brigade_rejects_bad_input() -> None:
@@ -213,6 +221,66 @@ def test_bucket_brigade_rejects_bad_input() -> None:
         bucket_brigade_credit([1.0, 2.0], [0.4])
     with pytest.raises(ValueError, match="step 1"):
         bucket_brigade_credit([1.0, 2.0], [0.4, 1.5])
+
+
+# --- second-price credit [ours] -----------------------------------------------------------
+
+
+def test_second_price_worked_example() -> None:
+    credits, discarded = second_price_credit([0.0, 0.0, 10.0], [0.4, 0.6, 0.2], 10.0)
+    assert credits == pytest.approx([2.0, -4.0, 8.0], abs=1e-12)
+    assert discarded == pytest.approx(4.0, abs=1e-12)
+    assert second_price_credit([], [], 10.0) == ([], 0.0)
+
+
+@given(episodes, st.floats(min_value=0.01, max_value=1000.0))
+def test_second_price_conserves_the_return(episode, price_scale) -> None:
+    rewards, runner_up = episode
+    credits, discarded = second_price_credit(rewards, runner_up, price_scale)
+    assert len(credits) == len(rewards)
+    assert math.isclose(
+        sum(credits) + discarded, sum(rewards), rel_tol=1e-9, abs_tol=1e-9 * (1 + price_scale)
+    )
+
+
+@given(episodes, st.floats(min_value=0.01, max_value=1000.0))
+def test_second_price_is_the_reward_minus_a_price_difference(episode, price_scale) -> None:
+    """c_t - r_t = p_{t+1} - p_t, the prices being the runner-ups' bids in reward units; the
+    first price is the discarded share."""
+    rewards, runner_up = episode
+    credits, discarded = second_price_credit(rewards, runner_up, price_scale)
+    prices = [price_scale * bid for bid in runner_up] + [0.0]
+    for step, (credit, reward) in enumerate(zip(credits, rewards, strict=True)):
+        assert credit - reward == pytest.approx(
+            prices[step + 1] - prices[step], abs=1e-9 * (1 + price_scale + abs(reward))
+        )
+    assert discarded == (prices[0] if rewards else 0.0)
+
+
+def test_second_price_without_runner_ups_is_the_step_reward() -> None:
+    """A chain with no contested step (or a rule without bids) charges nothing."""
+    assert second_price_credit([1.0, -2.0, 4.0], [0.0, 0.0, 0.0], 175.0) == ([1.0, -2.0, 4.0], 0.0)
+
+
+def test_second_price_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="one entry per acting step"):
+        second_price_credit([1.0, 2.0], [0.4], 10.0)
+    with pytest.raises(ValueError, match="acting step 1"):
+        second_price_credit([1.0, 2.0], [0.4, 1.5], 10.0)
+    with pytest.raises(ValueError, match="price_scale"):
+        second_price_credit([1.0], [0.4], 0.0)
+
+
+def test_the_second_price_rule_reads_its_scale_and_the_runner_up_bids_only() -> None:
+    rule = make_credit(SecondPriceConfig(name="second_price", price_scale=10.0))
+    rewards, runner_up = [0.0, 0.0, 10.0], [0.4, 0.6, 0.2]
+    for winning in ([0.8, 0.8, 0.8], [0.6, 0.8, 0.4]):
+        assert rule(rewards, winning, runner_up, random.Random(0), BID_LEVELS) == (
+            second_price_credit(rewards, runner_up, 10.0)
+        )
+    assert credit_rule("second_price").price_scale == CRAFTING_PRICE_SCALE == 140 / 0.8
+    with pytest.raises(ValueError, match=r"credit\.price_scale=-1"):
+        make_credit(SecondPriceConfig(name="second_price", price_scale=-1.0))
 
 
 # --- REINFORCE (Eq. 2) -------------------------------------------------------------------
@@ -559,7 +627,7 @@ def test_the_discounted_return_rule_reads_its_gamma_and_ignores_the_bids() -> No
     rule = make_credit(DiscountedReturnConfig(name="discounted_return", gamma=0.5))
     rewards = [0.0, 0.0, 10.0]
     for bids in ([0.8, 0.4, 0.6], [0.2, 0.2, 0.2]):
-        assert rule(rewards, bids, random.Random(0), BID_LEVELS) == ([2.5, 5.0, 10.0], 0.0)
+        assert rule(rewards, bids, bids, random.Random(0), BID_LEVELS) == ([2.5, 5.0, 10.0], 0.0)
     assert credit_rule("discounted_return").gamma == 0.95
     with pytest.raises(ValueError, match=r"credit\.gamma"):
         make_credit(DiscountedReturnConfig(name="discounted_return", gamma=-0.1))

@@ -123,6 +123,7 @@ def test_a_new_credit_rule_is_its_module_and_its_yaml(registries, conf):
             self,
             rewards: Sequence[float],
             bids: Sequence[float],
+            runner_up_bids: Sequence[float],
             rng: random.Random,
             levels: Sequence[float],
             reads: Reads = (),
@@ -136,7 +137,7 @@ def test_a_new_credit_rule_is_its_module_and_its_yaml(registries, conf):
     cfg = compose_train(conf, ["credit=kept_share_recipe"])
     validate(cfg)
     rule = make_credit(OmegaConf.to_object(cfg.credit))
-    assert rule([4.0, 8.0], [0.0, 0.0], random.Random(0), []) == ([1.0, 2.0], 9.0)
+    assert rule([4.0, 8.0], [0.0, 0.0], [0.0, 0.0], random.Random(0), []) == ([1.0, 2.0], 9.0)
     cfg.credit.share = 1.5
     with pytest.raises(ConfigError, match=r"credit\.share=1\.5: must lie in \[0, 1\]"):
         validate(cfg)

@@ -1,9 +1,15 @@
-"""The pure math of MPT: the auction (Eq. 1), credit rules (Eq. 2), losses (Eqs. 2-3) and the
-fork's bid redraw (section 4)."""
+"""The pure math of MPT: the auction (Eq. 1), credit rules (Eq. 2), losses (Eqs. 2-3), the
+fork's bid redraw (section 4) and the calibrated bid loss [ours]."""
 
 from __future__ import annotations
 
 from bidswarm.algorithms.auction import AuctionOutcome, run_auction
+from bidswarm.algorithms.calibration import (
+    calibrated_bid_loss,
+    calibration_error,
+    expected_bid,
+    two_hot_targets,
+)
 from bidswarm.algorithms.credit import (
     CREDIT_RULES,
     CreditConfig,
@@ -30,8 +36,11 @@ __all__ = [
     "Normalization",
     "bradley_terry_loss",
     "bucket_brigade_credit",
+    "calibrated_bid_loss",
+    "calibration_error",
     "draw_below",
     "episode_return_credit",
+    "expected_bid",
     "fork_preference",
     "make_credit",
     "random_bid_credit",
@@ -39,4 +48,5 @@ __all__ = [
     "rejection_keep_probability",
     "reward_to_go_credit",
     "run_auction",
+    "two_hot_targets",
 ]

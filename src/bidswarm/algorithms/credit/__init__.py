@@ -22,6 +22,7 @@ from bidswarm.algorithms.credit.base import (
 )
 from bidswarm.algorithms.credit.bucket_brigade import bucket_brigade_credit, random_bid_credit
 from bidswarm.algorithms.credit.returns import episode_return_credit, reward_to_go_credit
+from bidswarm.algorithms.credit.second_price import second_price_credit
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
@@ -38,4 +39,5 @@ __all__ = [
     "random_bid_credit",
     "register",
     "reward_to_go_credit",
+    "second_price_credit",
 ]

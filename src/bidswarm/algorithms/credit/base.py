@@ -1,9 +1,10 @@
 """A credit rule: how one episode's rewards are split among its acting steps.
 
 Every rule takes the ACTING steps of one episode in order (skipped steps already dropped by the
-collector) under one signature, ``(rewards, bids, rng, levels, reads) -> (credits, discarded)``:
-one credit per acting step and the part of the return that no step keeps. Each rule uses the
-arguments its equation needs (the equations are plain functions beside their rule). A rule
+collector) under one signature,
+``(rewards, bids, runner_up_bids, rng, levels, reads) -> (credits, discarded)``: one credit per
+acting step and the part of the return that no step keeps. Each rule uses the arguments its
+equation needs (the equations are plain functions beside their rule). A rule
 registers itself under its ``credit.name`` with :func:`register`, reads its parameters from its
 own config dataclass (:attr:`CreditRule.Config`, the schema of ``conf/credit/<name>.yaml``) in
 :meth:`CreditRule.from_config` and declares their allowed values
@@ -57,6 +58,10 @@ class CreditRule(abc.ABC):
     """The schema of the rule's YAML (``conf/credit/<name>.yaml``)."""
     draws_randomness: ClassVar[bool] = False
     """Whether the rule draws from ``rng`` (its credits then cannot be replayed by diagnostics)."""
+    conserves_return: bool = False
+    """Whether the rule splits the return: ``sum(credits) + discarded == sum(rewards)`` on every
+    episode (``tests/test_market_conformance.py`` checks the claim both ways). A rule whose
+    claim hangs on its parameters sets it per instance (``memory_tree``: its base rule's)."""
     reads_memory: ClassVar[bool] = False
     """Whether credit flows down the shared memory's reads (contribution trees with a
     ``tree()`` method): the collector then logs the trees' diagnostics per update and each
@@ -83,15 +88,18 @@ class CreditRule(abc.ABC):
         self,
         rewards: Sequence[float],
         bids: Sequence[float],
+        runner_up_bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
         reads: Reads = (),
     ) -> tuple[list[float], float]:
         """(credit per acting step, shape [T]; the discarded part of the return).
 
-        rewards: r_t per acting step, shape [T]; bids: the winning bid b_t per acting step;
-        rng: the only source of randomness; levels: the bid levels; reads: per acting step, the
-        memory's notes its actor read.
+        rewards: r_t per acting step, shape [T]; bids: the winning bid b_t per acting step
+        (``Decision.credited_bid``); runner_up_bids: the runner-up's bid at each acting step
+        (``Decision.runner_up_bid``: 0 when nobody else bid, or the bids did not decide the
+        step); rng: the only source of randomness; levels: the bid levels; reads: per acting
+        step, the memory's notes its actor read.
         """
 
 

@@ -76,10 +76,13 @@ def random_bid_credit(
 class BucketBrigade(CreditRule):
     """Eq. 2 of MPT over the winning bids (:func:`bucket_brigade_credit`)."""
 
+    conserves_return = True
+
     def __call__(
         self,
         rewards: Sequence[float],
         bids: Sequence[float],
+        runner_up_bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
         reads: Reads = (),
@@ -91,12 +94,14 @@ class BucketBrigade(CreditRule):
 class RandomBids(CreditRule):
     """Eq. 2 with the bids drawn from the levels (:func:`random_bid_credit`)."""
 
+    conserves_return = True
     draws_randomness = True
 
     def __call__(
         self,
         rewards: Sequence[float],
         bids: Sequence[float],
+        runner_up_bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
         reads: Reads = (),

@@ -67,6 +67,7 @@ class DiscountedReturn(CreditRule):
         self,
         rewards: Sequence[float],
         bids: Sequence[float],
+        runner_up_bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
         reads: Reads = (),

@@ -239,6 +239,7 @@ class MemoryTree(CreditRule):
     def __init__(self, config: MemoryTreeConfig | None = None) -> None:
         self.config = config or MemoryTreeConfig(name="memory_tree")
         self.base = make_credit(CreditConfig(name=self.config.base))
+        self.conserves_return = self.base.conserves_return  # the trees move credit, never lose it
 
     @classmethod
     def parameters(cls) -> list[Parameter]:
@@ -258,12 +259,13 @@ class MemoryTree(CreditRule):
         self,
         rewards: Sequence[float],
         bids: Sequence[float],
+        runner_up_bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
         reads: Reads = (),
     ) -> tuple[MemoryTreeCredit, float]:
         """The trees' credits (with what reached writers) and the base rule's discarded part."""
-        roots, lost = self.base(rewards, bids, rng, levels)
+        roots, lost = self.base(rewards, bids, runner_up_bids, rng, levels)
         reads = reads or [[] for _ in roots]
         config = self.config
         tree = memory_tree_credit(
@@ -275,9 +277,10 @@ class MemoryTree(CreditRule):
         self,
         rewards: Sequence[float],
         bids: Sequence[float],
+        runner_up_bids: Sequence[float],
         rng: random.Random,
         levels: Sequence[float],
         reads: Reads = (),
     ) -> tuple[list[float], float]:
-        tree, lost = self.tree(rewards, bids, rng, levels, reads)
+        tree, lost = self.tree(rewards, bids, runner_up_bids, rng, levels, reads)
         return tree.credits, lost
