@@ -17,7 +17,7 @@ from bidswarm.coordination.expert_owner import ExpertOwner
 from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs import make_env
 from bidswarm.envs.experts import expert_levels, expert_owners, play_expert_episode
-from bidswarm.lit.bid_anchor import bid_anchor_loss
+from bidswarm.lit.bid_targets import bid_anchor_loss
 from bidswarm.report.market import market_run_table, owner_gap_table
 from bidswarm.report.reading import RunResult
 from bidswarm.rollout.acting_values import (
@@ -296,7 +296,7 @@ def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes()
     swarm = build_swarm()
     swarm.reader = Argmax()
     loop = RolloutLoop(lambda: make_env(task(12)), swarm, Auction())
-    found = relabel_bids(loop, [0, 1, 2, 3], 3, 1e-2, 8, 4096, seed=0)
+    found = relabel_bids(loop, [], [0, 1, 2, 3], 3, 1e-2, 8, 4096, seed=0)
     before, after = found["sft/relabel/0/agreement"], found["sft/relabel/2/agreement"]
     assert after > before + 0.2, found
     assert found["sft/relabel/flops"] > 0

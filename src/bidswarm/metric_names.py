@@ -131,3 +131,11 @@ of its own and the swarm plays on with its own rule and policies; the regret is 
 agent's return from there minus that of the agent the rule let act (reward units, acting
 states only). ``/mean``, ``/ci_low``, ``/ci_high`` over the worlds' mean regrets, ``/states``
 the states measured."""
+CALIBRATION_ERROR = "bids/calibration_error"
+"""[ours] ``bids.loss=calibrated``: mean |bid - value target| over the agents' bids at the
+states a bid update forked (``rollout/acting_values.py``): how far the bids are from pricing
+each agent's measured value of acting (bid units)."""
+BID_CALIBRATION = "loss_bid_calibrated"
+"""[ours] ``bids.loss=calibrated``: the bid update's cross-entropy of each agent's distribution
+over the levels toward its two-hot value targets; ``/<agent>`` per agent, the bare name the
+mean over the agents."""

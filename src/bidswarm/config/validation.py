@@ -299,13 +299,15 @@ def _sft_problems(cfg: Any, problems: Problems) -> None:
 def _bids_problems(cfg: Any, problems: Problems) -> None:
     bids = cfg.bids
     problems.one_of("bids.reader", bids.reader, sorted(READERS))
-    for key in ("temperature", "eval_temperature"):
+    for key in ("temperature", "eval_temperature", "relabel_lr"):
         if bids[key] is not None:
             problems.positive(f"bids.{key}", bids[key])
     problems.non_negative("bids.anchor_coef", bids.anchor_coef)
     problems.at_least("bids.anchor_prompts", bids.anchor_prompts, 1)
     problems.at_least("bids.mass_probe_prompts", bids.mass_probe_prompts, 0)
     problems.at_least("bids.relabel_rounds", bids.relabel_rounds, 0)
+    problems.at_least("bids.value_states", bids.value_states, 1)
+    problems.at_least("bids.value_branches", bids.value_branches, 1)
     if bids.relabel_rounds > 0:
         rule = RULES.get(cfg.coordination.name)
         problems.require(

@@ -35,6 +35,23 @@ class BidPrompt(str, Enum):
     __str__ = str.__str__
 
 
+class BidLoss(str, Enum):
+    """What a bid update trains the bids on (``bids.loss``)."""
+
+    bradley_terry = "bradley_terry"
+    """The paper's (Eq. 3): the winner's bid reply against its redraw below the runner-up's,
+    preferred by which of the two branches earned more."""
+    calibrated = "calibrated"
+    """[ours] Every agent's bid toward its measured value of acting: at ``bids.value_states``
+    sampled states of each episode (skipped steps included) every agent acts first in a fork
+    of its own (``rollout/acting_values.py``, common random numbers across the agents), and its
+    bid distribution over the levels moves toward its return there as a share of the reward
+    still open, in bid units (two-hot cross-entropy, ``algorithms/calibration.py``). Winners,
+    runners-up and agents that passed all learn from the same fork."""
+
+    __str__ = str.__str__
+
+
 @dataclass
 class BidsConfig:
     """The bid channel (``conf/bids/``): how bids are read, sampled, prompted and kept bids.
@@ -70,6 +87,15 @@ class BidsConfig:
     bid, fine-tune the bids on those labels for one epoch (the SFT learning rate and batch
     size): DAgger-style labels where the swarm goes, not only on the experts' path
     (``run/relabel.py``; counted in ``sft/flops``). 0: off (the paper)."""
+    loss: BidLoss = BidLoss.bradley_terry
+    value_states: int = 2
+    """[ours] ``bids.loss=calibrated``: states per episode of a bid update where every agent
+    acts in a fork of its own."""
+    value_branches: int = 1
+    """[ours] ``bids.loss=calibrated``: branches per agent and state (their mean return is the
+    agent's value of acting there)."""
+    relabel_lr: float | None = None
+    """[ours] The learning rate of the relabel rounds' fine-tuning (None: the SFT's)."""
     mass_probe_prompts: int = 64
     """Bid prompts per agent that ``bids/valid_level_mass`` reads in each update and each
     evaluation (a diagnostic, not counted in FLOPs; 0: not measured)."""

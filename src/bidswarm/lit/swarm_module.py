@@ -43,11 +43,11 @@ from bidswarm.algorithms.losses import (
 from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
-from bidswarm.lit.bid_anchor import bid_anchor_loss
+from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss
 from bidswarm.lit.collectives import sum_over_processes
 from bidswarm.lit.memory import gpu_memory, release_cached_blocks
 from bidswarm.lit.sampler_mismatch import LogprobGap, sampled_logprob_rows
-from bidswarm.rollout.batches import ActionBatch, BidBatch, BidLabelBatch
+from bidswarm.rollout.batches import ActionBatch, BidBatch, BidLabelBatch, BidValueBatch
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.metrics import timed
 from bidswarm.rollout.usage import Usage
@@ -256,11 +256,8 @@ class SwarmModule(L.LightningModule):
                 name = "loss_action"
                 means = group_means.get(batch.agent)
                 loss = self.action_loss(batch, accumulator.backward, means, extra, gap)
-            elif isinstance(batch, BidLabelBatch):
-                name = names.BID_ANCHOR
-                policy = self.population.agents[batch.agent]
-                coef, budget = self.bids.anchor_coef, self.rl.micro_batch_tokens
-                loss = bid_anchor_loss(policy, batch, coef, budget, accumulator.backward)
+            elif isinstance(batch, BidLabelBatch | BidValueBatch):
+                name, loss = self.bid_target_loss(batch, accumulator.backward)
             else:
                 name = "loss_bid"
                 loss = self.bid_loss(batch, accumulator.backward, extra, gap)
@@ -277,6 +274,18 @@ class SwarmModule(L.LightningModule):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         return metrics | {name: float(total) for name, total in totals.items()} | gap.as_metrics()
+
+    def bid_target_loss(
+        self, batch: BidLabelBatch | BidValueBatch, backward: Backward
+    ) -> tuple[str, torch.Tensor]:
+        """The name and loss of a batch of bid targets (``lit/bid_targets.py``): the anchor's
+        expert labels, or the calibrated values of acting."""
+        policy, budget = self.population.agents[batch.agent], self.rl.micro_batch_tokens
+        if isinstance(batch, BidLabelBatch):
+            coef = self.bids.anchor_coef
+            return names.BID_ANCHOR, bid_anchor_loss(policy, batch, coef, budget, backward)
+        levels = self.collector.loop.swarm.bid_levels
+        return names.BID_CALIBRATION, calibrated_value_loss(policy, batch, levels, budget, backward)
 
     def role_decision_baselines(
         self, batches: list[ActionBatch] | list[BidBatch]

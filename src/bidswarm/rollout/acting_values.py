@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from bidswarm import metric_names as names
+from bidswarm.rollout.batches import BidValueBatch
+from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode, StepRecord
 
@@ -115,3 +118,39 @@ def regret(forks: ActingValues) -> float | None:
     skipped step, which no fork measures)."""
     actor = forks.step.actor
     return None if actor is None else forks.oracle - forks.values[actor]
+
+
+def value_batches(
+    loop: RolloutLoop, forks: list[ActingValues]
+) -> tuple[list[BidValueBatch], dict[str, float]]:
+    """Per agent that bid at the forked states, its bid prompts there with its value targets
+    (:func:`value_targets`, in the swarm's bid units), and the metrics of the forks: how far
+    the bids the agents made there were from those targets (``bids/calibration_error``), the
+    regret of the rule's choice (``auction/regret`` at the acting states) and the states
+    forked (``forks/value_states``)."""
+    swarm = loop.swarm
+    top = max(swarm.bid_levels)
+    rows: list[tuple[int, list[int], float]] = []
+    errors, regrets = [], []
+    for forked in forks:
+        targets = value_targets(forked, top)
+        for agent, bid in forked.step.bids.items():
+            rows.append((agent, bid.reply.prompt_ids, targets[agent]))
+            errors.append(abs(bid.level - targets[agent]))
+        if (found := regret(forked)) is not None:
+            regrets.append(found)
+    batches = [
+        BidValueBatch(
+            agent,
+            [prompt for _, prompt, _ in items],
+            [target for _, _, target in items],
+            [swarm.level_reply_ids(agent, level) for level in swarm.bid_levels],
+        )
+        for agent, items in group_by(rows, lambda row: row[0])
+    ]
+    metrics = {"forks/value_states": float(len(forks))}
+    if errors:
+        metrics[names.CALIBRATION_ERROR] = sum(errors) / len(errors)
+    if regrets:
+        metrics[f"{names.REGRET}/train"] = sum(regrets) / len(regrets)
+    return batches, metrics

@@ -124,6 +124,40 @@ class BidLabelBatch:
         )
 
 
+@dataclass(frozen=True)
+class BidValueBatch:
+    """One agent's bid prompts at forked states with its measured value of acting there, in
+    bid units (``bids.loss=calibrated``), and the canonical reply of every bid level: the
+    learner moves the agent's distribution over the levels toward each value."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    values: list[float]
+    level_ids: list[list[int]]
+
+    def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
+        """Each prompt with every level's reply, prompts whose rows fit ``token_budget``
+        together (the rows of a forward: prompt 0 with each level, then prompt 1, ...)."""
+        longest = max(self.level_ids, key=len)
+        rows = policy.forward_row_tokens(self.prompt_ids, [longest] * len(self.prompt_ids))
+        levels = len(self.level_ids)
+        share = None if token_budget is None else max(token_budget // levels, 1)
+        return [
+            Forward(
+                part,
+                [self.prompt_ids[i] for i in part for _ in self.level_ids],
+                [reply for _ in part for reply in self.level_ids],
+            )
+            for part in micro_batches(rows, share)
+        ]
+
+    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
+        return sum(
+            policy.forward_tokens(f.prompt_ids, f.reply_ids)
+            for f in self.forwards(policy, token_budget)
+        )
+
+
 def bid_label_batches(
     episodes: list[Episode],
     roles: list[str | None],

@@ -28,11 +28,13 @@ from enum import Enum
 from bidswarm import metric_names as names
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.config import BidSlotWithoutBids, RLConfig
-from bidswarm.coordination.bid_readers import BidsConfig
+from bidswarm.coordination.bid_readers import BidLoss, BidsConfig
+from bidswarm.rollout.acting_values import acting_values, sample_states, value_batches
 from bidswarm.rollout.batches import (
     ActionBatch,
     BidBatch,
     BidLabelBatch,
+    BidValueBatch,
     bid_label_batches,
     credited_batches,
     preference_batches,
@@ -61,7 +63,7 @@ class Collected:
     this process spent on it (``usage``: the update's counts only, not the run's totals)."""
 
     kind: UpdateKind
-    batches: list[ActionBatch | BidLabelBatch] | list[BidBatch]
+    batches: list[ActionBatch | BidLabelBatch] | list[BidBatch] | list[BidValueBatch]
     metrics: dict[str, float]
     usage: Usage = field(default_factory=Usage)
 
@@ -143,9 +145,7 @@ class Collector:
             kind, batches, metrics = self._collect(update, rank)
         return Collected(kind, batches, metrics, usage)
 
-    def _collect(
-        self, update: int, rank: int
-    ) -> tuple[UpdateKind, list[ActionBatch | BidLabelBatch] | list[BidBatch], dict[str, float]]:
+    def _collect(self, update: int, rank: int) -> tuple[UpdateKind, list, dict[str, float]]:
         kind = self.update_kind(update)
         swarm = self.loop.swarm
         device = next(swarm.population.parameters()).device
@@ -153,11 +153,18 @@ class Collector:
         timings: dict[str, float] = {}
         with timed(timings, "rollout"):
             seeds = rng.sample(self.train_seeds, self.worlds_per_update(kind))
-            episodes = self.loop.run(seeds, rng, generator, keep_snapshots=kind == UpdateKind.bid)
+            calibrated = kind == UpdateKind.bid and self.bids.loss == BidLoss.calibrated
+            episodes = self.loop.run(
+                seeds,
+                rng,
+                generator,
+                keep_snapshots=kind == UpdateKind.bid,
+                snapshot_every_step=calibrated,
+            )
         metrics = episode_metrics(episodes, swarm.roles, swarm.bid_levels)
         if self.bids.mass_probe_prompts:
             metrics |= valid_level_mass(swarm, episodes, self.bids.mass_probe_prompts)
-        batches: list[ActionBatch | BidLabelBatch] | list[BidBatch]
+        batches: list[ActionBatch | BidLabelBatch] | list[BidBatch] | list[BidValueBatch]
         if kind == UpdateKind.action:
             with timed(timings, "credit"):
                 batches, discarded = credited_batches(
@@ -175,6 +182,12 @@ class Collector:
                 metrics |= memory_tree_metrics(
                     episodes, self.credit_rule, swarm.roles, swarm.bid_levels
                 )
+        elif calibrated:  # every agent's value of acting at sampled states
+            with timed(timings, "fork"):
+                states = sample_states(episodes, self.bids.value_states, rng)
+                forks = acting_values(self.loop, states, self.bids.value_branches, rng, generator)
+                batches, found = value_batches(self.loop, forks)
+            metrics |= found
         else:
             with timed(timings, "fork"):
                 self.last_forks = []

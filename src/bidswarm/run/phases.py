@@ -145,9 +145,10 @@ class Run:
         sft = self.cfg.sft
         return relabel_bids(
             self.loop,
+            self.demonstrations,
             demonstration_worlds(self.env, self.cfg),
             self.cfg.bids.relabel_rounds,
-            sft.lr,
+            self.cfg.bids.relabel_lr or sft.lr,
             sft.batch_size,
             sft.micro_batch_tokens,
             self.cfg.seed,

@@ -290,7 +290,8 @@ def summary(
             f"{diff.mean:+.2f} (95% CI {diff.ci_low:+.2f} .. {diff.ci_high:+.2f}): "
             f"{diff.verdict}"
         )
-    for key, label in (("eval_before", "after SFT"), ("eval_after", "after RL")):
+    after = "after RL" if cfg.rl.cycles else "after SFT only"
+    for key, label in (("eval_before", "after SFT"), ("eval_after", after)):
         if key in state:
             lines += market_lines(state[key], label)
     if isinstance(logger, MLFlowLogger):

@@ -4,8 +4,10 @@ The SFT bid demonstrations cover only the states of the experts' own play: after
 expert would not have picked, the bids meet states nobody labelled. Each round plays the
 swarm after SFT on the demonstration worlds under its own rule, labels every bidder's bid
 prompt at every state with the task expert's bid for its role (``expert_bid`` reads any state),
-and fine-tunes each agent's bids on them for one epoch (DAgger, Ross et al. 2011, with the
-expert's bids as the labels). Its rollouts and trained tokens count in the SFT budget.
+and fine-tunes each agent for one epoch on the aggregate: the new labels together with its own
+SFT demonstrations, bids and actions (DAgger, Ross et al. 2011, with the expert's bids as the
+labels). Without the demonstrations in the mix the bid labels, which share the weights with the
+actions, wash the actions out. Its rollouts and trained tokens count in the SFT budget.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from bidswarm import metric_names as names
-from bidswarm.lit.bid_anchor import bid_anchor_loss
+from bidswarm.envs.experts import Demonstration
+from bidswarm.lit.bid_targets import bid_anchor_loss
 from bidswarm.rollout.batches import BidLabelBatch, bid_label_batches
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
@@ -28,6 +31,7 @@ round's episodes, before that round's training; ``sft/relabel/flops``: what the 
 
 def relabel_bids(
     loop: RolloutLoop,
+    demonstrations: list[Demonstration],
     seeds: list[int],
     rounds: int,
     lr: float,
@@ -35,9 +39,10 @@ def relabel_bids(
     token_budget: int | None,
     seed: int,
 ) -> dict[str, float]:
-    """``rounds`` rounds of playing ``seeds`` with ``loop`` and fine-tuning each agent's bids
-    on the expert's labels at every bid prompt of the episodes (AdamW at ``lr``, batches of
-    ``batch_size`` prompts in a seeded order, one epoch); returns the rounds' metrics."""
+    """``rounds`` rounds of playing ``seeds`` with ``loop`` and fine-tuning each agent on the
+    expert's labels at every bid prompt of the episodes together with its own
+    ``demonstrations`` (AdamW at ``lr``, batches of ``batch_size`` rows in a seeded order, one
+    epoch); returns the rounds' metrics."""
     swarm = loop.swarm
     population = swarm.bid_population
     device = next(population.parameters()).device
@@ -55,12 +60,28 @@ def relabel_bids(
                 names.EXPERT_OWNER_AGREEMENT, float("nan")
             )
             shuffle = torch.Generator().manual_seed(rng.randrange(2**62))
-            for batch in bid_label_batches(episodes, swarm.roles, swarm.level_reply_ids, 10**9):
+            for labels in bid_label_batches(episodes, swarm.roles, swarm.level_reply_ids, 10**9):
+                batch = _with_demonstrations(swarm, labels, demonstrations)
                 order = torch.randperm(len(batch.prompt_ids), generator=shuffle)
                 _train_epoch(swarm, batch, order, optimizers[batch.agent], batch_size, token_budget)
     population.eval()
     metrics[f"{RELABEL}/flops"] = usage.rollout_flops + usage.train_flops
     return metrics
+
+
+def _with_demonstrations(
+    swarm: Swarm, labels: BidLabelBatch, demonstrations: list[Demonstration]
+) -> BidLabelBatch:
+    """``labels`` with the agent's own role's demonstrations (bids and actions) added, as the
+    SFT cold start writes them."""
+    policy = swarm.bid_population.agents[labels.agent]
+    own = [d for d in demonstrations if d.role == policy.role]
+    build = {"bid": swarm.prompts.bid, "action": swarm.prompts.action}
+    prompts = policy.encode_prompts([build[d.kind](d.role, d.observation) for d in own])
+    replies = [policy.encode_reply(swarm.prompts.reply_text(d.reply)) for d in own]
+    return BidLabelBatch(
+        labels.agent, [*labels.prompt_ids, *prompts], [*labels.reply_ids, *replies]
+    )
 
 
 def _train_epoch(
