@@ -76,6 +76,8 @@ def _with_demonstrations(
     SFT cold start writes them."""
     policy = swarm.bid_population.agents[labels.agent]
     own = [d for d in demonstrations if d.role == policy.role]
+    if not own:
+        return labels
     build = {"bid": swarm.prompts.bid, "action": swarm.prompts.action}
     prompts = policy.encode_prompts([build[d.kind](d.role, d.observation) for d in own])
     replies = [policy.encode_reply(swarm.prompts.reply_text(d.reply)) for d in own]
