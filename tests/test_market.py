@@ -344,3 +344,31 @@ def test_an_evaluation_reports_the_regret_over_worlds_without_counting_its_forks
     # The regret's forks change neither the evaluation's episodes nor its counted cost.
     assert measured.metrics["reward/mean"] == plain.metrics["reward/mean"]
     assert measured.usage.rollout_tokens == plain.usage.rollout_tokens
+
+
+# -- exploration without coin flips ----------------------------------------------------------
+def test_exploration_orders_by_bid_plus_bonus_and_records_the_bids():
+    situation = Situation(3, 0, bids={0: 0.6, 1: 0.5, 2: 0.0}, bid_bonus={1: 0.2, 2: 0.9})
+    decision = Auction().decide([situation], random.Random(0))[0]
+    assert (decision.actor, decision.winning_bid) == (1, 0.5)
+    assert (decision.runner_up, decision.runner_up_bid) == (0, 0.6)  # a pass stays a pass
+    assert (
+        Auction()
+        .decide([Situation(3, 0, bids={0: 0.6, 1: 0.5, 2: 0.0})], random.Random(0))[0]
+        .actor
+        == 0
+    )
+
+
+def test_the_spread_is_the_level_distributions_std_and_evaluation_turns_exploration_off():
+    logprobs = [math.log(p) for p in (0.5, 1e-9, 1e-9, 1e-9, 0.5)]
+    assert Expected.spread(logprobs, LEVELS, 1.0) == pytest.approx(0.4, abs=1e-6)
+    swarm = build_swarm()
+    swarm.reader, swarm.explore = Expected(), 1.0
+    swarm.train_explore = 1.0
+    env = make_env(task())
+    env.reset(0)
+    assert all(bid.bonus > 0 for bid in swarm.bid_many([0], [[env]], seeded(0))[0])
+    with swarm.evaluating():
+        assert all(bid.bonus == 0 for bid in swarm.bid_many([0], [[env]], seeded(0))[0])
+    assert swarm.explore == 1.0

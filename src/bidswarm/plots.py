@@ -136,3 +136,24 @@ def plot_contribution_tree(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_calibration(
+    pairs: Sequence[tuple[str, float, float]], path: Path, top_level: float, run_name: str = ""
+) -> Path:
+    """Bids against their value targets (``bids.loss=calibrated``): one point per (role, bid,
+    measured value of acting in bid units) of the last bid update's forks, the diagonal where
+    a bid prices its value."""
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    for role in sorted({role for role, _, _ in pairs}):
+        values = [(target, bid) for r, bid, target in pairs if r == role]
+        ax.scatter([t for t, _ in values], [b for _, b in values], s=12, alpha=0.6, label=role)
+    ax.plot([0, top_level], [0, top_level], color="grey", linewidth=1, label="bid = value")
+    ax.set_xlabel("value of acting (share of the open reward, bid units)")
+    ax.set_ylabel("bid")
+    ax.set_title(f"calibration of the bids {run_name}".strip(), fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -307,6 +307,14 @@ def _bids_problems(cfg: Any, problems: Problems) -> None:
     problems.at_least("bids.mass_probe_prompts", bids.mass_probe_prompts, 0)
     problems.at_least("bids.relabel_rounds", bids.relabel_rounds, 0)
     problems.at_least("bids.value_states", bids.value_states, 1)
+    problems.non_negative("bids.explore", bids.explore)
+    reader = READERS.get(bids.reader)
+    problems.require(
+        bids.explore == 0 or reader is None or reader.reads_levels,
+        "bids.explore",
+        bids.explore,
+        f"0 with bids.reader={bids.reader}: only a level reader knows a bid's spread",
+    )
     problems.at_least("bids.value_branches", bids.value_branches, 1)
     if bids.relabel_rounds > 0:
         rule = RULES.get(cfg.coordination.name)

@@ -27,13 +27,28 @@ class Auction(CoordinationRule):
                 0.0 if a in situation.absent else situation.bids[a]
                 for a in range(situation.n_agents)
             ]
-            outcome = run_auction(bids, rng)
+            if not situation.bid_bonus:
+                outcome = run_auction(bids, rng)
+                decisions.append(
+                    Decision(
+                        actor=outcome.winner,
+                        winning_bid=outcome.winning_bid,
+                        runner_up=outcome.runner_up,
+                        runner_up_bid=outcome.runner_up_bid,
+                    )
+                )
+                continue
+            # Exploration (``bids.explore``): the order is by bid + bonus, the prices the bids.
+            scores = [
+                b + situation.bid_bonus.get(a, 0.0) if b > 0 else 0.0 for a, b in enumerate(bids)
+            ]
+            outcome = run_auction(scores, rng)
             decisions.append(
                 Decision(
                     actor=outcome.winner,
-                    winning_bid=outcome.winning_bid,
+                    winning_bid=0.0 if outcome.winner is None else bids[outcome.winner],
                     runner_up=outcome.runner_up,
-                    runner_up_bid=outcome.runner_up_bid,
+                    runner_up_bid=0.0 if outcome.runner_up is None else bids[outcome.runner_up],
                 )
             )
         return decisions

@@ -72,6 +72,8 @@ class Situation:
                     bid, propose nor act, and every rule routes around them.
     expert_choice:  the present agents whose role the task's scripted expert would let act
                     (empty: it would skip); only for rules that ask for it.
+    bid_bonus:      what exploration adds to each bid when the winner is picked (training
+                    only, ``bids.explore``); the decision records the bid itself.
     """
 
     n_agents: int
@@ -82,6 +84,7 @@ class Situation:
     peer_scores: tuple[tuple[float, ...], ...] = ()
     absent: frozenset[int] = frozenset()
     expert_choice: frozenset[int] = frozenset()
+    bid_bonus: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def present(self) -> list[int]:

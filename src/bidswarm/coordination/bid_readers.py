@@ -94,6 +94,11 @@ class BidsConfig:
     value_branches: int = 1
     """[ours] ``bids.loss=calibrated``: branches per agent and state (their mean return is the
     agent's value of acting there)."""
+    explore: float = 0.0
+    """[ours] In training, the auction picks the highest bid + ``explore`` x the bid's spread
+    (the standard deviation of a level reader's distribution over the levels), so an unsure
+    agent gets tried, rather than coin flips between tied bids; 0 in every held-out
+    evaluation. The recorded (credited) bid stays the bid. Level readers only."""
     relabel_lr: float | None = None
     """[ours] The learning rate of the relabel rounds' fine-tuning (None: the SFT's)."""
     mass_probe_prompts: int = 64
@@ -113,6 +118,18 @@ class BidReader(abc.ABC):
     def read(self, logprobs: Sequence[float], levels: Sequence[float], temperature: float) -> float:
         """The bid, from ``logprobs[i]``, the log-prob at temperature 1 of replying exactly
         ``levels[i]``; ``temperature`` scales a reader that reads a distribution."""
+
+    @staticmethod
+    def spread(logprobs: Sequence[float], levels: Sequence[float], temperature: float) -> float:
+        """The standard deviation of the level under softmax(log-prob / temperature): how
+        unsure the bid is (``bids.explore`` adds a multiple of it in training)."""
+        scaled = [lp / temperature for lp in logprobs]
+        top = max(scaled)
+        weights = [math.exp(s - top) for s in scaled]
+        total = sum(weights)
+        mean = sum(w * level for w, level in zip(weights, levels, strict=True)) / total
+        second = sum(w * level * level for w, level in zip(weights, levels, strict=True)) / total
+        return math.sqrt(max(second - mean * mean, 0.0))
 
 
 READERS: dict[str, type[BidReader]] = {}

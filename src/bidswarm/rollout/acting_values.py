@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from bidswarm import metric_names as names
+from bidswarm.envs.base import role_name
 from bidswarm.rollout.batches import BidValueBatch
 from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.loop import RolloutLoop
@@ -118,6 +119,17 @@ def regret(forks: ActingValues) -> float | None:
     skipped step, which no fork measures)."""
     actor = forks.step.actor
     return None if actor is None else forks.oracle - forks.values[actor]
+
+
+def calibration_pairs(
+    forks: list[ActingValues], roles: list[str | None], top_level: float
+) -> list[tuple[str, float, float]]:
+    """(role, bid, value target) of every bid at the forked states (a calibration plot)."""
+    return [
+        (role_name(roles[agent]), bid.level, value_targets(forked, top_level)[agent])
+        for forked in forks
+        for agent, bid in forked.step.bids.items()
+    ]
 
 
 def value_batches(

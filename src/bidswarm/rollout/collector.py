@@ -29,7 +29,12 @@ from bidswarm import metric_names as names
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.config import BidSlotWithoutBids, RLConfig
 from bidswarm.coordination.bid_readers import BidLoss, BidsConfig
-from bidswarm.rollout.acting_values import acting_values, sample_states, value_batches
+from bidswarm.rollout.acting_values import (
+    acting_values,
+    calibration_pairs,
+    sample_states,
+    value_batches,
+)
 from bidswarm.rollout.batches import (
     ActionBatch,
     BidBatch,
@@ -96,6 +101,8 @@ class Collector:
         self.seed = seed
         self.last_forks: list[ForkExample] = []
         """The forks played by the latest bid update (for transcripts)."""
+        self.last_calibration: list[tuple[str, float, float]] = []
+        """(role, bid, value target) at the latest calibrated bid update's forks (a plot)."""
 
     @property
     def makes_bid_updates(self) -> bool:
@@ -188,6 +195,7 @@ class Collector:
                 forks = acting_values(self.loop, states, self.bids.value_branches, rng, generator)
                 batches, found = value_batches(self.loop, forks)
             metrics |= found
+            self.last_calibration = calibration_pairs(forks, swarm.roles, max(swarm.bid_levels))
         else:
             with timed(timings, "fork"):
                 self.last_forks = []

@@ -190,7 +190,11 @@ class RolloutLoop:
         if rule.asks_bids:
             bids = self._sample_bids(envs, [rule.bidders(s) for s in situations], generator)
             situations = [
-                replace(s, bids={agent: bid.level for agent, bid in env_bids.items()})
+                replace(
+                    s,
+                    bids={agent: bid.level for agent, bid in env_bids.items()},
+                    bid_bonus={a: bid.bonus for a, bid in env_bids.items() if bid.bonus},
+                )
                 for s, env_bids in zip(situations, bids, strict=True)
             ]
         proposals: list[list[Reply | None]] = [[] for _ in envs]

@@ -27,11 +27,14 @@ class Reply:
 
 
 class Bid(NamedTuple):
-    """One bid reply: its level (0 when malformed), the reply, and whether it parsed."""
+    """One bid reply: its level (0 when malformed), the reply, and whether it parsed;
+    ``bonus``: what ``bids.explore`` adds to it when the auction picks the winner (training
+    only, a level reader's spread; the recorded level stays the bid)."""
 
     level: float
     reply: Reply
     parsed: bool
+    bonus: float = 0.0
 
 
 @dataclass

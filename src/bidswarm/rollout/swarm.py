@@ -49,6 +49,7 @@ class Swarm:
         reader: BidReader | None = None,
         bid_temperature: float | None = None,
         eval_bid_temperature: float | None = None,
+        explore: float = 0.0,
     ):
         """``reader``: how bids are read (``bids.reader``; default the paper's ``sampled``);
         ``bid_temperature`` / ``eval_bid_temperature``: the bids' temperature in training and
@@ -65,6 +66,8 @@ class Swarm:
         self.token_budget = token_budget
         self.usage = Usage()
         self.reader = reader or Sampled()
+        self.explore = self.train_explore = explore
+        """``bids.explore`` in training, 0 in held-out evaluation (:meth:`evaluating`)."""
         self.train_bid_temperature = bid_temperature or temperature
         self.eval_bid_temperature = eval_bid_temperature or self.train_bid_temperature
         self.bid_temperature = self.train_bid_temperature
@@ -96,12 +99,12 @@ class Swarm:
     def evaluating(self) -> Iterator[Usage]:
         """A held-out evaluation inside the block: its own ledger (:meth:`separate_usage`) and
         the bids at their evaluation temperature."""
-        self.bid_temperature = self.eval_bid_temperature
+        self.bid_temperature, self.explore = self.eval_bid_temperature, 0.0
         try:
             with self.separate_usage() as usage:
                 yield usage
         finally:
-            self.bid_temperature = self.train_bid_temperature
+            self.bid_temperature, self.explore = self.train_bid_temperature, self.train_explore
 
     def _generate(
         self,
@@ -208,7 +211,12 @@ class Swarm:
             value = self.reader.read(row, self.bid_levels, self.bid_temperature)
             text = format_bid(snap_to_level(value, self.bid_levels))
             reply = Reply(agent, ids, policy.encode_reply(self.prompts.reply_text(text)), text)
-            bids.append(Bid(value, reply, True))
+            bonus = 0.0
+            if self.explore:
+                bonus = self.explore * self.reader.spread(
+                    row, self.bid_levels, self.bid_temperature
+                )
+            bids.append(Bid(value, reply, True, bonus))
         self.usage.count_bids(True for _ in bids)
         return bids
 

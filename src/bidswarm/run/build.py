@@ -104,6 +104,7 @@ def build_rollout_loop(
         reader=make_reader(cfg.bids.reader),
         bid_temperature=cfg.bids.temperature,
         eval_bid_temperature=cfg.bids.eval_temperature,
+        explore=cfg.bids.explore,
     )
     coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
     return RolloutLoop(lambda: make_env(task_config), swarm, coordination)

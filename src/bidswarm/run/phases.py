@@ -33,7 +33,7 @@ from bidswarm.lit.collectives import gather_on_process_zero, process_group
 from bidswarm.lit.sft import bid_parse_rate, run_sft
 from bidswarm.lit.strategy import build_strategy
 from bidswarm.lit.swarm_module import SwarmModule
-from bidswarm.plots import plot_participation, plot_reward_vs_flops
+from bidswarm.plots import plot_calibration, plot_participation, plot_reward_vs_flops
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.evaluation import Evaluation, play_batches, summarize_evaluation
 from bidswarm.rollout.forks import ForkExample
@@ -264,6 +264,10 @@ class Run:
         trainer.fit(module, ckpt_path=str(start) if start else None)
         if rank_zero_only.rank == 0 and collector.last_forks:
             self.log_fork_transcripts(collector.last_forks)
+        if rank_zero_only.rank == 0 and collector.last_calibration:
+            top = max(self.loop.swarm.bid_levels)
+            path = self.run_dir / "calibration.png"
+            self.log_artifact(plot_calibration(collector.last_calibration, path, top))
         self.state["rl_world_size"] = trainer.world_size
         self.save_state()
         self.history = module.history
