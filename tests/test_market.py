@@ -324,8 +324,13 @@ def acting(values: list[float], actor: int | None, open_reward: float | None) ->
     return ActingValues(Episode(0, [record]), record, tuple((v,) for v in values))
 
 
-def test_value_targets_are_shares_of_the_open_reward_in_bid_units():
+def test_value_targets_are_shares_of_the_tasks_reward_in_bid_units():
     assert value_targets(acting([70.0, 35.0, 0.0], 0, 140.0), 0.8) == pytest.approx([0.4, 0.2, 0])
+    # Later in an episode the scale stays the reward open at its start: values-to-go.
+    start = StepRecord(0, Decision(actor=0), open_reward=140.0)
+    later = StepRecord(5, Decision(actor=1), open_reward=35.0)
+    forks = ActingValues(Episode(0, [start, later]), later, ((35.0,), (0.0,), (7.0,)))
+    assert value_targets(forks, 0.8) == pytest.approx([0.2, 0.0, 0.04])
     # Where the task does not say what is open, the best agent's value is the scale.
     assert value_targets(acting([2.0, 1.0, 0.5], 0, None), 0.8) == pytest.approx([0.8, 0.4, 0.2])
     assert value_targets(acting([0.0, 0.0, 0.0], 0, None), 0.8) == [0.0, 0.0, 0.0]

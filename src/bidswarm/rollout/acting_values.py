@@ -102,11 +102,12 @@ def acting_values(
 
 def value_targets(forks: ActingValues, top_level: float) -> list[float]:
     """Each agent's normalised value of acting, in bid units [0, ``top_level``]: its value as
-    a share of the reward still open at the state (``StepRecord.open_reward``, the task's own
-    estimate), or, where the task does not say, of the best agent's value; 0 when nothing is
-    left to earn."""
+    a share of the reward open at the episode's start (``StepRecord.open_reward`` of its first
+    step: the task's whole reward, 140 on crafting, so a bid of 0.8 prices all of it and bids
+    are values-to-go in one unit at every step, as the second price reads them), or, where the
+    task does not say, of the best agent's value at the state; 0 when nothing is left to earn."""
     values = forks.values
-    scale = forks.step.open_reward
+    scale = forks.episode.steps[0].open_reward if forks.episode.steps else None
     if scale is None or scale <= 0:
         scale = max(values)
     if scale <= 0:
