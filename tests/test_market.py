@@ -17,7 +17,7 @@ from bidswarm.coordination.expert_owner import ExpertOwner
 from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs import make_env
 from bidswarm.envs.experts import expert_levels, expert_owners, play_expert_episode
-from bidswarm.lit.bid_targets import bid_anchor_loss
+from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss
 from bidswarm.report.market import market_run_table, owner_gap_table
 from bidswarm.report.reading import RunResult
 from bidswarm.rollout.acting_values import (
@@ -27,7 +27,7 @@ from bidswarm.rollout.acting_values import (
     sample_states,
     value_targets,
 )
-from bidswarm.rollout.batches import BidLabelBatch, bid_label_batches
+from bidswarm.rollout.batches import BidLabelBatch, BidValueBatch, bid_label_batches
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics, market_warnings
@@ -377,3 +377,31 @@ def test_the_spread_is_the_level_distributions_std_and_evaluation_turns_explorat
     with swarm.evaluating():
         assert all(bid.bonus == 0 for bid in swarm.bid_many([0], [[env]], seeded(0))[0])
     assert swarm.explore == 1.0
+
+
+def test_the_calibrated_loss_moves_an_agents_expected_bid_toward_its_value():
+    swarm = build_swarm()
+    envs = [make_env(task()) for _ in range(3)]
+    for seed, env in enumerate(envs):
+        env.reset(seed)
+    policy = swarm.population.agents[2]
+    prompts = policy.encode_prompts(
+        [swarm.prompts.bid("smith", e.observation("smith")) for e in envs]
+    )
+    values = [0.7, 0.1, 0.4]
+    replies = [swarm.level_reply_ids(2, level) for level in LEVELS]
+    batch = BidValueBatch(2, prompts, values, list(LEVELS), replies)
+
+    def expected_bids() -> list[float]:
+        return [
+            Expected().read(row, LEVELS, 1.0) for row in swarm.level_logprobs(2, prompts).tolist()
+        ]
+
+    error_before = sum(abs(b - v) for b, v in zip(expected_bids(), values, strict=True))
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+    for _ in range(30):
+        optimizer.zero_grad()
+        calibrated_value_loss(policy, batch, 64, lambda agent, term: term.backward())
+        optimizer.step()
+    error_after = sum(abs(b - v) for b, v in zip(expected_bids(), values, strict=True))
+    assert error_after < 0.3 * error_before, (error_before, error_after)

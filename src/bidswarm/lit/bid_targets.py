@@ -45,7 +45,6 @@ def bid_anchor_loss(
 def calibrated_value_loss(
     policy: AgentPolicy,
     batch: BidValueBatch,
-    levels: list[float],
     token_budget: int | None,
     backward: Backward,
 ) -> torch.Tensor:
@@ -54,7 +53,7 @@ def calibrated_value_loss(
     cross-entropy of their softmax over the levels toward the two-hot targets of the values
     (mean over the batch's prompts); ``backward(agent, loss)`` per micro-batch. Returns the
     batch's loss (detached)."""
-    targets = two_hot_targets(torch.tensor(batch.values, device=policy.device), levels)
+    targets = two_hot_targets(torch.tensor(batch.values, device=policy.device), batch.levels)
     width = len(batch.level_ids)
     total = torch.zeros((), device=policy.device)
     for part, prompts, replies in batch.forwards(policy, token_budget):

@@ -284,8 +284,7 @@ class SwarmModule(L.LightningModule):
         if isinstance(batch, BidLabelBatch):
             coef = self.bids.anchor_coef
             return names.BID_ANCHOR, bid_anchor_loss(policy, batch, coef, budget, backward)
-        levels = self.collector.loop.swarm.bid_levels
-        return names.BID_CALIBRATION, calibrated_value_loss(policy, batch, levels, budget, backward)
+        return names.BID_CALIBRATION, calibrated_value_loss(policy, batch, budget, backward)
 
     def role_decision_baselines(
         self, batches: list[ActionBatch] | list[BidBatch]

@@ -157,6 +157,7 @@ def value_batches(
             agent,
             [prompt for _, prompt, _ in items],
             [target for _, _, target in items],
+            list(swarm.bid_levels),
             [swarm.level_reply_ids(agent, level) for level in swarm.bid_levels],
         )
         for agent, items in group_by(rows, lambda row: row[0])

@@ -133,7 +133,9 @@ class BidValueBatch:
     agent: int
     prompt_ids: list[list[int]]
     values: list[float]
+    levels: list[float]
     level_ids: list[list[int]]
+    """The canonical reply of each of ``levels``, in the agent's tokens."""
 
     def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
         """Each prompt with every level's reply, prompts whose rows fit ``token_budget``
