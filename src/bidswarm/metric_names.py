@@ -88,6 +88,10 @@ let act (the owner of its next step; both skipping agrees), over every step with
 view (not the monolithic agent's); ``/on_path`` and ``/off_path``: over the states the experts'
 own play reaches and the others (``Episode.on_expert_path``), where the bid demonstrations
 exist and where they do not."""
+EXPERT_OWNER_RECALL = "auction/expert_owner_recall"
+"""[ours] ``auction/expert_owner_recall/<role>``: of the decision steps whose expert owner is
+``role`` (the experts' auction would let it act), the share where an agent of ``role`` acted
+(e.g. the smith's: how often the smith acts where crafting is next); per role that owns steps."""
 VALID_LEVEL_MASS = "bids/valid_level_mass"
 """[ours] ``bids/valid_level_mass/<role>``: the model's probability (temperature 1, no
 constraint) of replying exactly one of the bid levels, mean over the role's bid prompts of
@@ -109,6 +113,7 @@ TOP_CONTESTED_WIN_SHARE = "auction/top_contested_win_share"
 contest."""
 MARKET_HEALTH = (
     EXPERT_OWNER_AGREEMENT,
+    EXPERT_OWNER_RECALL,
     VALID_LEVEL_MASS,
     BID_PARSE_RATE,
     TOP_TIE_FRAC,
