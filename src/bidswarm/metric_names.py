@@ -22,6 +22,10 @@ SFT_ACTION_TOKENS = "sft/action_tokens"
 one agent's); logged at step 0."""
 SFT_BID_TOKENS = "sft/bid_tokens"
 """Prompt + reply tokens of bid demonstrations trained on in SFT (all agents; ``/<agent>``)."""
+SFT_DECISION_TOKENS = "sft/decision_tokens"
+"""[ours] Prompt + reply tokens of a learned decision's demonstrations (peers' usefulness
+scores, routes) trained on in SFT, all agents and the decider (``/<agent>``); logged only by a
+rule that learns its decision (``CoordinationRule.decisions_learned``)."""
 SFT_FLOPS = "sft/flops"
 """SFT's training FLOPs, 6 x parameters x trained tokens (all agents; ``/<agent>``)."""
 SFT_BUDGET = (SFT_ACTION_TOKENS, SFT_BID_TOKENS, SFT_FLOPS)
