@@ -367,6 +367,45 @@ def test_a_population_saves_and_loads_its_decider(tmp_path):
     assert Population.from_pretrained(tmp_path / "plain").decider is None
 
 
+# -- the report's decision table ---------------------------------------------------------------
+def test_the_decision_table_puts_each_runs_choice_after_sft_beside_its_cost():
+    from bidswarm.report.market import decision_table
+    from bidswarm.report.reading import RunResult, budget_of, market_of
+
+    metrics = {
+        f"eval_before/{names.EXPERT_OWNER_AGREEMENT}": 0.75,
+        f"eval_before/{names.EXPERT_OWNER_AGREEMENT}/on_path": 1.0,
+        f"eval_before/{names.EXPERT_OWNER_AGREEMENT}/off_path": 0.5,
+        f"eval_before/{names.EXPERT_OWNER_RECALL}/logger": 0.25,
+        f"eval_before/{names.EXPERT_OWNER_RECALL}/smith": 0.875,
+        "eval_before/flops": 6.0e9,
+        "eval_before/episodes": 10.0,
+        "eval_before/task/decisions": 30.0,
+        names.SFT_ACTION_TOKENS: 100.0,
+        names.SFT_BID_TOKENS: 300.0,
+        names.SFT_DECISION_TOKENS: 100.0,
+        names.SFT_FLOPS: 1.1e9,
+        "sft/decision_relabel/flops": 1.0e8,
+    }
+    market = market_of(metrics, "eval_before/")
+    assert market["flops_per_decision"] == pytest.approx(6.0e9 / 300)
+    run = RunResult("r", "coordination=router", None, None, None, training_seed=3)
+    run.market, run.budget = {"before": market}, budget_of(metrics)
+    row = decision_table({"coordination=router": [run]}).splitlines()[-1]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    # The decision channel: SFT without the rounds (1e9) x its 400 of 500 tokens, + the rounds.
+    assert cells == [
+        "coordination=router",
+        "3",
+        "75%",
+        "100% / 50%",
+        "0.25 0.88",
+        "2e+07",
+        "9e+08",
+        "1.1e+09",
+    ]
+
+
 def test_a_lora_population_gets_its_decider_as_one_more_adapter(tmp_path):
     pytest.importorskip("peft")
     from test_agents import corpus

@@ -1,12 +1,14 @@
-"""The report's market sections: each run's market health, and per strategy the gap between the
-``expert_owner`` reference (the task's expert picks who acts, the same trained agents act) and
-the run's own rule, paired over (training seed, world) cells."""
+"""The report's market sections: each run's market health; each run's decision after SFT
+beside what it cost (the bids, or a rule's learned decision, docs/coordination.md "Decisions
+learned from demonstrations"); and per strategy the gap between the ``expert_owner`` reference
+(the task's expert picks who acts, the same trained agents act) and the run's own rule, paired
+over (training seed, world) cells."""
 
 from __future__ import annotations
 
 from bidswarm import metric_names as names
 from bidswarm import statistics
-from bidswarm.report.reading import RunResult
+from bidswarm.report.reading import RELABEL_FLOPS, RunResult
 from bidswarm.report.strategies import strategy_cells
 
 
@@ -58,6 +60,57 @@ def market_run_table(groups: dict[str, list[RunResult]]) -> str:
             f"| {'–' if entropy is None else f'{entropy:.2f}'} | {shown_gap} |"
         )
     return "\n".join(lines)
+
+
+def decision_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: one row per training run with who acts after SFT (held-out) beside what the
+    decision costs: its agreement with the expert's owner (on / off the experts' path), each
+    role's share of the steps the expert gives it, the rollout FLOPs per decision step, and
+    the training FLOPs of the decision channel in the cold start (the share of ``sft/flops``
+    of its bid and decision tokens, plus its labelling rounds); empty when no run logged it."""
+    rows = [(s, r) for s, results in groups.items() for r in results if r.market.get("before")]
+    if not rows:
+        return ""
+    agree = names.EXPERT_OWNER_AGREEMENT
+    lines = [
+        "Who acts after SFT, per training run (held-out, before RL): the actor = the expert's "
+        "choice overall and on / off the experts' path; per role (alphabetical) the share of "
+        "the steps the expert gives it where it acted; the rollout FLOPs per decision step of "
+        "that evaluation (bids, proposals, scores, routes and the action); and what the "
+        "decision channel cost in the cold start: the share of SFT FLOPs of its bid and "
+        "learned-decision tokens (by tokens) plus its labelling rounds, and all SFT FLOPs.",
+        "",
+        "| strategy | seed | actor = expert's choice | on / off path | owner's share acted "
+        "| FLOPs / decision | decision SFT FLOPs | SFT FLOPs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for strategy, r in rows:
+        before = r.market["before"]
+        cost = before.get("flops_per_decision")
+        lines.append(
+            f"| {strategy} | {'–' if r.training_seed is None else r.training_seed} "
+            f"| {_share(before.get(agree))} | {_share(before.get(f'{agree}/on_path'))} / "
+            f"{_share(before.get(f'{agree}/off_path'))} "
+            f"| {_per_role(before, names.EXPERT_OWNER_RECALL)} "
+            f"| {'–' if cost is None else f'{cost:.3g}'} | {_decision_flops(r.budget)} "
+            f"| {_flops(r.budget.get(names.SFT_FLOPS))} |"
+        )
+    return "\n".join(lines)
+
+
+def _flops(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def _decision_flops(budget: dict[str, float]) -> str:
+    """The decision channel's share of ``sft/flops`` by its tokens, plus its labelling rounds."""
+    kinds = (names.SFT_ACTION_TOKENS, names.SFT_BID_TOKENS, names.SFT_DECISION_TOKENS)
+    tokens = sum(budget.get(kind, 0.0) for kind in kinds)
+    if names.SFT_FLOPS not in budget or tokens <= 0:
+        return "–"
+    channel = budget.get(names.SFT_BID_TOKENS, 0.0) + budget.get(names.SFT_DECISION_TOKENS, 0.0)
+    rounds = sum(budget.get(key, 0.0) for key in RELABEL_FLOPS)  # also in sft/flops
+    return _flops((budget[names.SFT_FLOPS] - rounds) * channel / tokens + rounds)
 
 
 def owner_gap_table(groups: dict[str, list[RunResult]], rule: str = "expert_owner") -> str:
