@@ -51,7 +51,9 @@ PEER_SCORES = "peer_scores"
 action prompt) that the role's proposals got from the other present agents;
 ``peer_scores/margin``, the mean gap between the best and the second-best proposal's mean peer
 score at a step; ``peer_scores/near_tie``, the share of steps with a gap under
-:data:`bidswarm.rollout.metrics.PEER_SCORE_NEAR_TIE` nats."""
+:data:`bidswarm.rollout.metrics.PEER_SCORE_NEAR_TIE` nats. Under Graph-of-Agents' learned
+scores (``coordination.scoring=trained``) a score is the expected usefulness level instead
+(0 .. the top bid level), where the same 0.1 threshold is half a step between levels."""
 BID_PARSE_RATE = "bids/parse_rate"
 """[ours] Share of the bid replies the coordination rule read (every bidder's, at every step of
 the episodes) that parsed to a bid level; a malformed one bids 0. Per update and per held-out
