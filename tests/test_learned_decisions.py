@@ -393,7 +393,7 @@ def test_the_decision_table_puts_each_runs_choice_after_sft_beside_its_cost():
     run.market, run.budget = {"before": market}, budget_of(metrics)
     row = decision_table({"coordination=router": [run]}).splitlines()[-1]
     cells = [cell.strip() for cell in row.strip("|").split("|")]
-    # The decision channel: SFT without the rounds (1e9) x its 400 of 500 tokens, + the rounds.
+    # SFT without the rounds is 1e9 over 500 tokens: the bids' 300, the decision's 100 + rounds.
     assert cells == [
         "coordination=router",
         "3",
@@ -401,7 +401,8 @@ def test_the_decision_table_puts_each_runs_choice_after_sft_beside_its_cost():
         "100% / 50%",
         "0.25 0.88",
         "2e+07",
-        "9e+08",
+        "6e+08",
+        "3e+08",
         "1.1e+09",
     ]
 
