@@ -354,6 +354,26 @@ def test_relabel_rounds_train_the_decider_on_the_experts_owner_where_the_swarm_g
     assert [r.strip() for r in replies] == owners
 
 
+def test_each_decision_demonstration_labels_the_model_that_learns_it():
+    from bidswarm.run.relabel_decisions import demonstration_labels
+
+    population, prompts, demos = sft_swarm(Router())
+    labels = demonstration_labels(population, demos, prompts)
+    picks = [d for d in demos if d.kind == ROUTE]
+    assert len(labels) == len(picks) > 0, "the bid and action demonstrations are no labels"
+    assert all(label.policy is population.decider for label in labels)
+    tokenizer = population.decider.tokenizer
+    replies = [tokenizer.decode(label.reply_ids, skip_special_tokens=True) for label in labels]
+    assert [r.strip() for r in replies] == [d.reply for d in picks]
+    population, prompts, demos = sft_swarm(trained_agentnet())
+    by_role = {}
+    for label in demonstration_labels(population, demos, prompts):
+        by_role.setdefault(label.policy.role, 0)
+        by_role[label.policy.role] += 1
+    routes = [d for d in demos if d.kind == ROUTE]
+    assert by_role == {role: sum(d.role == role for d in routes) for role in ROLES}
+
+
 def test_a_population_saves_and_loads_its_decider(tmp_path):
     population, _, _ = sft_swarm(Router())
     population.save_pretrained(tmp_path / "pop")

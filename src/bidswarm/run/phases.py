@@ -131,7 +131,9 @@ class Run:
                 result |= relabelled
                 result[names.SFT_FLOPS] += relabelled[f"{RELABEL}/flops"]
             if self.cfg.coordination.get("relabel_rounds", 0):
-                relabelled = relabel_run_decisions(self.loop, self.env, self.cfg)
+                relabelled = relabel_run_decisions(
+                    self.loop, self.env, self.cfg, self.demonstrations
+                )
                 result |= relabelled
                 result[names.SFT_FLOPS] += relabelled[f"{RELABEL_DECISIONS}/flops"]
             self.state["sft"] = result
