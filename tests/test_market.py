@@ -187,6 +187,11 @@ def test_health_metrics_of_hand_made_episodes():
     assert metrics[names.EXPERT_OWNER_AGREEMENT] == pytest.approx(3 / 5)
     assert metrics[f"{names.EXPERT_OWNER_AGREEMENT}/on_path"] == pytest.approx(1 / 2)
     assert metrics[f"{names.EXPERT_OWNER_AGREEMENT}/off_path"] == pytest.approx(2 / 3)
+    # The logger owns steps 0 and 1 and acts at step 0; the smith owns 3 and 4, acts at 4; the
+    # miner owns none (no recall to measure).
+    assert metrics[f"{names.EXPERT_OWNER_RECALL}/logger"] == pytest.approx(1 / 2)
+    assert metrics[f"{names.EXPERT_OWNER_RECALL}/smith"] == pytest.approx(1 / 2)
+    assert f"{names.EXPERT_OWNER_RECALL}/miner" not in metrics
     assert metrics[f"{names.BID_PARSE_RATE}/logger"] == pytest.approx(4 / 5)
     assert metrics[f"{names.BID_PARSE_RATE}/miner"] == 1.0
     assert metrics[names.TOP_TIE_FRAC] == pytest.approx(1 / 5)

@@ -1037,13 +1037,14 @@ def test_the_budget_table_shows_what_each_strategy_spent(tmp_path):
 
     text = command.write_report(client, None, ["budget"], tmp_path / "out")
     assert (
-        "| strategy | SFT action tokens | SFT bid tokens | SFT FLOPs | RL action updates "
-        "| RL bid updates | training FLOPs (RL) | runs |"
+        "| strategy | SFT action tokens | SFT bid tokens | SFT decision tokens | SFT FLOPs "
+        "| RL action updates | RL bid updates | training FLOPs (RL) | runs |"
     ) in text
-    assert "| mpt (defaults) | 1.1e+03 | 600 | 7e+09 | 48 | 12 | 2e+06 | 2 |" in text
-    assert "| ablation=monolithic | 900 | 0 | 2e+09 | 48 | 0 | 2e+06 | 1 |" in text
-    assert "| coordination=agentnet | 1e+03 | 500 | 6e+09 | 48 | 12 | 2e+06 | 1 |" in text
-    assert "| ablation=round_robin | n/a | n/a | n/a | n/a | n/a | 1e+06 | 1 |" in text
+    # Only a rule that learns its own decision logs decision tokens (the others: n/a).
+    assert "| mpt (defaults) | 1.1e+03 | 600 | n/a | 7e+09 | 48 | 12 | 2e+06 | 2 |" in text
+    assert "| ablation=monolithic | 900 | 0 | n/a | 2e+09 | 48 | 0 | 2e+06 | 1 |" in text
+    assert "| coordination=agentnet | 1e+03 | 500 | n/a | 6e+09 | 48 | 12 | 2e+06 | 1 |" in text
+    assert "| ablation=round_robin | n/a | n/a | n/a | n/a | n/a | n/a | 1e+06 | 1 |" in text
 
 
 def test_winning_bids_per_role_before_and_after_rl_are_a_table_and_a_figure(tmp_path):

@@ -22,6 +22,10 @@ SFT_ACTION_TOKENS = "sft/action_tokens"
 one agent's); logged at step 0."""
 SFT_BID_TOKENS = "sft/bid_tokens"
 """Prompt + reply tokens of bid demonstrations trained on in SFT (all agents; ``/<agent>``)."""
+SFT_DECISION_TOKENS = "sft/decision_tokens"
+"""[ours] Prompt + reply tokens of a learned decision's demonstrations (peers' usefulness
+scores, routes) trained on in SFT, all agents and the decider (``/<agent>``); logged only by a
+rule that learns its decision (``CoordinationRule.decisions_learned``)."""
 SFT_FLOPS = "sft/flops"
 """SFT's training FLOPs, 6 x parameters x trained tokens (all agents; ``/<agent>``)."""
 SFT_BUDGET = (SFT_ACTION_TOKENS, SFT_BID_TOKENS, SFT_FLOPS)
@@ -47,7 +51,9 @@ PEER_SCORES = "peer_scores"
 action prompt) that the role's proposals got from the other present agents;
 ``peer_scores/margin``, the mean gap between the best and the second-best proposal's mean peer
 score at a step; ``peer_scores/near_tie``, the share of steps with a gap under
-:data:`bidswarm.rollout.metrics.PEER_SCORE_NEAR_TIE` nats."""
+:data:`bidswarm.rollout.metrics.PEER_SCORE_NEAR_TIE` nats. Under Graph-of-Agents' learned
+scores (``coordination.scoring=trained``) a score is the expected usefulness level instead
+(0 .. the top bid level), where the same 0.1 threshold is half a step between levels."""
 BID_PARSE_RATE = "bids/parse_rate"
 """[ours] Share of the bid replies the coordination rule read (every bidder's, at every step of
 the episodes) that parsed to a bid level; a malformed one bids 0. Per update and per held-out
@@ -88,6 +94,10 @@ let act (the owner of its next step; both skipping agrees), over every step with
 view (not the monolithic agent's); ``/on_path`` and ``/off_path``: over the states the experts'
 own play reaches and the others (``Episode.on_expert_path``), where the bid demonstrations
 exist and where they do not."""
+EXPERT_OWNER_RECALL = "auction/expert_owner_recall"
+"""[ours] ``auction/expert_owner_recall/<role>``: of the decision steps whose expert owner is
+``role`` (the experts' auction would let it act), the share where an agent of ``role`` acted
+(e.g. the smith's: how often the smith acts where crafting is next); per role that owns steps."""
 VALID_LEVEL_MASS = "bids/valid_level_mass"
 """[ours] ``bids/valid_level_mass/<role>``: the model's probability (temperature 1, no
 constraint) of replying exactly one of the bid levels, mean over the role's bid prompts of
@@ -110,6 +120,7 @@ contest."""
 MARKET_HEALTH = (
     "auction/regret",
     EXPERT_OWNER_AGREEMENT,
+    EXPERT_OWNER_RECALL,
     VALID_LEVEL_MASS,
     BID_PARSE_RATE,
     TOP_TIE_FRAC,

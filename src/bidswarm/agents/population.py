@@ -1,4 +1,6 @@
-"""The swarm: one :class:`AgentPolicy` per role and replica, each with its own parameters."""
+"""The swarm: one :class:`AgentPolicy` per role and replica, each with its own parameters, and
+for a rule that needs one (``CoordinationRule.needs_decider``) a decider: one more model of the
+agents' architecture that routes and never acts (``Population.decider``)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from bidswarm.agents.models import build_tiny_model, load_model_and_tokenizer, torch_dtype
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.config import Adapter, LoraSettings, ModelConfig, ModelSource
+from bidswarm.coordination.base import DECIDER_NAME
 from bidswarm.envs.base import role_name
 
 POPULATION_FILE = "population.json"
 LORA_BASE_FOLDER = "base"
+DECIDER_FOLDER = f"decider_{DECIDER_NAME}"
+"""The decider's folder in a saved population (``population.json`` names it)."""
 
 
 def agent_folder_name(index: int, role: str | None) -> str:
@@ -29,14 +34,18 @@ def agent_folder_name(index: int, role: str | None) -> str:
 class Population(torch.nn.Module):
     """``agents[i]`` is an :class:`AgentPolicy`; ``roles[i]`` its role (None: monolithic).
 
-    Agents are ordered role by role, the replicas of a role next to each other.
+    Agents are ordered role by role, the replicas of a role next to each other. ``decider``
+    (None: none) is not an agent: it has the role :data:`DECIDER_NAME`, is never indexed,
+    iterated or trained by RL with the agents, and is saved in its own folder; it is a
+    submodule, so it moves to the agents' device and lives in their checkpoints.
     """
 
-    def __init__(self, agents: list[AgentPolicy]):
+    def __init__(self, agents: list[AgentPolicy], decider: AgentPolicy | None = None):
         super().__init__()
         if not agents:
             raise ValueError("a population needs at least one agent")
         self.agents = torch.nn.ModuleList(agents)
+        self.decider = decider
 
     @property
     def roles(self) -> list[str | None]:
@@ -67,13 +76,26 @@ class Population(torch.nn.Module):
         roles: list[str | None],
         replicas: int,
         corpus: list[str] | None,
+        decider: bool = False,
     ) -> Population:
-        """``len(roles) * replicas`` agents from ``model_cfg``.
+        """``len(roles) * replicas`` agents from ``model_cfg``, and a decider if asked
+        (:meth:`with_decider`, built after the agents: their weights are those without it).
 
         Pretrained sources are loaded once and copied. ``tiny`` agents share one tokenizer
         (trained once on ``corpus``); each role gets its own random initialisation (from the
         caller's torch seed). Replicas of a role start from the same weights, in separate copies.
         """
+        population = cls._build_agents(model_cfg, roles, replicas, corpus)
+        return population.with_decider(model_cfg) if decider else population
+
+    @classmethod
+    def _build_agents(
+        cls,
+        model_cfg: ModelConfig,
+        roles: list[str | None],
+        replicas: int,
+        corpus: list[str] | None,
+    ) -> Population:
         if replicas < 1:
             raise ValueError(f"coordination.replicas={replicas} must be >= 1")
         if len(set(roles)) != len(roles):
@@ -106,6 +128,31 @@ class Population(torch.nn.Module):
                 )
         return cls(agents)
 
+    def with_decider(self, model_cfg: ModelConfig) -> Population:
+        """This population with a new decider (kept if it has one): a fresh ``tiny`` model on
+        the agents' tokenizer (random weights from the caller's torch seed), a fresh copy of
+        the pretrained source, or one more LoRA adapter on the agents' shared base (starting
+        as the base). The agents are the same objects."""
+        if self.decider is not None:
+            return self
+        first = self.agents[0]
+        budget = first.max_prompt_tokens
+        if self.is_lora:
+            shared = first.model
+            shared.add_adapter(DECIDER_NAME, shared.peft_config[first.adapter])
+            for name, parameter in shared.named_parameters():
+                parameter.requires_grad_("lora_" in name)
+            decider = AgentPolicy(shared, first.tokenizer, DECIDER_NAME, budget, DECIDER_NAME)
+        else:
+            if model_cfg.source == ModelSource.tiny:
+                model = build_tiny_model(model_cfg.tiny, first.tokenizer)
+                model = model.to(dtype=first.model.dtype, device=first.device)
+            else:
+                model, _ = load_model_and_tokenizer(model_cfg, None)
+                model = model.to(device=first.device)
+            decider = AgentPolicy(model, first.tokenizer, DECIDER_NAME, budget)
+        return Population(list(self.agents), decider)
+
     def replicate(self, replicas: int) -> Population:
         """This population with each agent copied ``replicas`` times (population scaling of a
         trained swarm): the copies start from the agent's weights in separate parameters and
@@ -121,7 +168,8 @@ class Population(torch.nn.Module):
             return self
         if not self.is_lora:
             return Population(
-                [copy.deepcopy(agent) for agent in self.agents for _ in range(replicas)]
+                [copy.deepcopy(agent) for agent in self.agents for _ in range(replicas)],
+                self.decider,
             )
         return self._replicate_adapters(replicas)
 
@@ -155,7 +203,7 @@ class Population(torch.nn.Module):
             )
         for name, parameter in shared.named_parameters():
             parameter.requires_grad_("lora_" in name)
-        return Population(agents)
+        return Population(agents, self.decider)
 
     def save_pretrained(self, directory: str | Path, base_folder: str | Path | None = None) -> None:
         """One HF folder per agent (``agent0_logger/``, ...) and ``population.json``.
@@ -181,6 +229,9 @@ class Population(torch.nn.Module):
             agent.save_pretrained(directory / folder)
             folders.append(folder)
         meta = {"agents": folders, "roles": self.roles} | meta
+        if self.decider is not None:
+            self.decider.save_pretrained(directory / DECIDER_FOLDER)
+            meta["decider"] = DECIDER_FOLDER
         (directory / POPULATION_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     @classmethod
@@ -211,7 +262,10 @@ class Population(torch.nn.Module):
             agent = AgentPolicy.from_pretrained(directory / folder, dtype, lora_base=base)
             base = agent.model if agent.adapter is not None else base
             agents.append(agent)
-        return cls(agents)
+        decider = None
+        if "decider" in meta:
+            decider = AgentPolicy.from_pretrained(directory / meta["decider"], dtype, base)
+        return cls(agents, decider)
 
 
 def with_lora_adapters(model: PreTrainedModel, lora: LoraSettings, names: list[str]):

@@ -1,4 +1,7 @@
-"""Prompt templates of the two things every agent produces: a bid and, when it wins, an action.
+"""Prompt templates of the two things every agent produces: a bid and, when it wins, an action;
+and of the decisions a coordination rule may learn instead of bids: a peer's usefulness score
+of another agent's proposal (:meth:`PromptTemplate.score`) and who acts next
+(:meth:`PromptTemplate.route`, asked of an agent or of the population's decider).
 
 Two styles (``ModelConfig.prompt_style``):
 
@@ -20,10 +23,17 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from bidswarm.config import PromptStyle
+from bidswarm.coordination.base import DECIDER_NAME
 from bidswarm.coordination.bid_readers import BidPrompt
 from bidswarm.envs.base import TextEnv, role_name
 from bidswarm.envs.experts import Demonstration, format_bid
 from bidswarm.envs.experts import parse_bid as parse_bid  # re-exported: how agents' bids are read
+
+DECIDER_DESCRIPTION = (
+    "You are the team's router: you read what every role sees and name the role that acts "
+    "next. You never act yourself."
+)
+"""The system turn's role description of the population's decider (chat prompts)."""
 
 
 def bid_scale(levels: list[float]) -> str:
@@ -109,13 +119,57 @@ class PromptTemplate:
             request += "\n\nYour instruction:"
         return self._chat(role, request)
 
+    def score(self, role: str, observation: str, proposal: str) -> str:
+        """The prompt asking ``role`` how useful another agent's ``proposal`` is now; the reply
+        is a level of :attr:`bid_levels` (lowest: useless now, highest: what the team needs)."""
+        apart = self.bid_prompt == BidPrompt.apart
+        if self.style == PromptStyle.compact:
+            end = "=> score:" if apart else "->"
+            return f"{self._bos()}{role} score: {observation} proposal: {proposal} {end}"
+        levels = ", ".join(format_bid(level) for level in self.bid_levels)
+        request = (
+            f"How useful is this proposal of another agent for the team now? Reply with one "
+            f"number from {levels} ({format_bid(self.bid_levels[0])} = useless now, "
+            f"{format_bid(self.bid_levels[-1])} = what the team needs now).\n\n"
+            f"Now: {observation}\n\nProposal: {proposal}"
+        )
+        if apart:
+            request += "\n\nYour score, one number only:"
+        return self._chat(role, request)
+
+    @property
+    def route_replies(self) -> list[str]:
+        """What a route prompt may be answered with: the task's roles (a role names itself to
+        keep acting)."""
+        return [role for role in self.role_descriptions if role is not None]
+
+    def route(self, name: str, observation: str) -> str:
+        """The prompt asking ``name`` (a role, or :data:`DECIDER_NAME` for the population's
+        decider, who reads the whole world's observation) which role should act now; the reply
+        is one of :attr:`route_replies`."""
+        apart = self.bid_prompt == BidPrompt.apart
+        if self.style == PromptStyle.compact:
+            end = "=> route:" if apart else "->"
+            return f"{self._bos()}{name} route: {observation} {end}"
+        roles = ", ".join(self.route_replies)
+        request = f"Which role should act now? Reply with one of: {roles}.\n\nNow: {observation}"
+        if apart:
+            request += "\n\nThe role, one word only:"
+        return self._chat(name, request)
+
+    def prompt_of(self, demo: Demonstration) -> str:
+        """The prompt of a demonstration of any kind (``bid``, ``action``, ``score``, ``route``)."""
+        if demo.kind == "bid":
+            return self.bid(demo.role, demo.observation)
+        if demo.kind == "score":
+            return self.score(demo.role, demo.observation, demo.proposal)
+        if demo.kind == "route":
+            return self.route(demo.role, demo.observation)
+        return self.action(demo.role, demo.observation)
+
     def demonstration_texts(self, demonstrations: list[Demonstration]) -> list[str]:
         """Prompt + reply of each demonstration, as the model sees them (a tokenizer corpus)."""
-        texts = []
-        for demo in demonstrations:
-            build = self.bid if demo.kind == "bid" else self.action
-            texts.append(build(demo.role, demo.observation) + self.reply_text(demo.reply))
-        return texts
+        return [self.prompt_of(demo) + self.reply_text(demo.reply) for demo in demonstrations]
 
     def reply_text(self, reply: str) -> str:
         """The reply as it continues the prompt (the compact template puts a space before it)."""
@@ -128,7 +182,8 @@ class PromptTemplate:
 
     def _chat(self, role: str | None, request: str) -> str:
         assert self.tokenizer is not None
-        system = f"{self.task_description}\n\n{self.role_descriptions[role]}"
+        description = DECIDER_DESCRIPTION if role == DECIDER_NAME else self.role_descriptions[role]
+        system = f"{self.task_description}\n\n{description}"
         messages = [
             {"role": "system", "content": system},
             {"role": "user", "content": request},

@@ -22,6 +22,7 @@ from bidswarm.config.choices import (
     MalformedResample,
     ModelSource,
     PromptStyle,
+    SFTDemonstrations,
     SFTMatch,
 )
 from bidswarm.config.machine import check_machine
@@ -86,6 +87,7 @@ __all__ = [
     "PromptStyle",
     "RLConfig",
     "SFTConfig",
+    "SFTDemonstrations",
     "SFTMatch",
     "TaskConfig",
     "TinyArchConfig",

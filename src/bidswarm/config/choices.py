@@ -171,6 +171,25 @@ class SFTMatch(str, Enum):
     __str__ = str.__str__
 
 
+class SFTDemonstrations(str, Enum):
+    """Which demonstrations the SFT cold start trains on (``sft.demonstrations``)."""
+
+    all = "all"
+    """Every demonstration each model learns: actions, bids, and the decision its rule learns."""
+    decisions = "decisions"
+    """[ours] Only the demonstrations of the decision the rule learns (peers' usefulness scores,
+    routes; ``CoordinationRule.decisions_learned``): a trained swarm (``init_from=``) learns a
+    rule's decision on top of its actions, the coordination swap with that decision trained.
+    Clean for the centralised router (its decider is its own model); an agent that learns a
+    decision in its own weights forgets its actions (at the tiny model's SFT rate it answers the
+    action prompt with a role or a level)."""
+    decisions_and_actions = "decisions_and_actions"
+    """[ours] The decision's demonstrations and the action ones, rehearsed as the cold start
+    has them (no bids): the agents keep acting, their actions pulled back toward the experts'."""
+
+    __str__ = str.__str__
+
+
 class BidSlotWithoutBids(str, Enum):
     """What a rule that makes no contested steps (no bids, hence no forks) does in the bid
     slots of the ``rl.action_updates`` : ``rl.bid_updates`` schedule

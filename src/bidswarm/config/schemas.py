@@ -34,6 +34,7 @@ from bidswarm.config.choices import (
     MalformedResample,
     ModelSource,
     PromptStyle,
+    SFTDemonstrations,
     SFTMatch,
 )
 from bidswarm.coordination import RULES, CoordinationConfig
@@ -223,6 +224,8 @@ class SFTConfig:
     gradient accumulation (the step and its loss are the same)."""
     match: SFTMatch = SFTMatch.action_passes
     """[ours] What the monolithic agent's SFT matches of the role agents' (:class:`SFTMatch`)."""
+    demonstrations: SFTDemonstrations = SFTDemonstrations.all
+    """Which demonstrations the cold start trains on (:class:`SFTDemonstrations`)."""
 
 
 @dataclass

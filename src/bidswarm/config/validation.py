@@ -129,10 +129,11 @@ def validate(cfg: Any) -> None:
             "update; set model.dtype instead",
         )
     problems.require(
-        cfg.init_from is None or not cfg.sft.enabled,
+        cfg.init_from is None or not cfg.sft.enabled or cfg.sft.demonstrations != "all",
         "init_from",
         cfg.init_from,
-        "starts from a trained population instead of the cold start: set sft.enabled=false",
+        "starts from a trained population instead of the cold start: set sft.enabled=false "
+        "(or sft.demonstrations=decisions: the rule's decision learned on top of it)",
     )
     if cfg.eval.max_seeds is not None:
         problems.require(
@@ -294,6 +295,18 @@ def _sft_problems(cfg: Any, problems: Problems) -> None:
     )
     problems.unit_interval("sft.bid_fraction", sft.bid_fraction, low_open=True)
     problems.at_least("sft.micro_batch_tokens", sft.micro_batch_tokens, 1)
+    if sft.demonstrations != "all":
+        rule = RULES.get(cfg.coordination.name)
+        learns = rule is not None and not rule.problems(cfg.coordination)
+        learns = learns and bool(rule.from_config(cfg.coordination).decisions_learned)
+        problems.require(
+            learns,
+            "sft.demonstrations",
+            sft.demonstrations,
+            f"all with coordination={cfg.coordination.name} as configured: it learns no "
+            "decision of its own (coordination=router, graph_of_agents with scoring=trained, "
+            "agentnet with router=trained do)",
+        )
 
 
 def _bids_problems(cfg: Any, problems: Problems) -> None:

@@ -1,8 +1,10 @@
 """A coordination rule: a pure decision of who acts in each live environment.
 
 A rule never touches a model or an environment. It declares what it decides from
-(:attr:`CoordinationRule.asks_bids`, :attr:`~CoordinationRule.asks_proposals`,
-:attr:`~CoordinationRule.reads_observations`); the collector (``rollout/loop.py``) samples
+(:attr:`CoordinationRule.asks_bids`, :attr:`~CoordinationRule.asks_proposals` and how peers
+score them, :attr:`~CoordinationRule.asks_routes`, :attr:`~CoordinationRule.reads_observations`)
+and which decisions it learns from demonstrations (:attr:`~CoordinationRule.decisions_learned`);
+the collector (``rollout/loop.py``) samples
 exactly that, batched per agent over environments, and hands it over as one
 :class:`Situation` per environment. The rule returns one :class:`Decision` per environment,
 using only those situations, its own memory and the ``random.Random`` it is given. So every rule
@@ -24,8 +26,30 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from bidswarm.algorithms.auction import PAPER_BID_LEVELS
-from bidswarm.checks import Allowed, Parameter, at_least, parameter_problems
+from bidswarm.checks import Allowed, Parameter, Problems, at_least, parameter_problems
 from bidswarm.envs.experts import format_bid
+
+DECIDER = -1
+"""The population's decider in :attr:`Situation.routes` and :meth:`CoordinationRule.routers`: a
+model that reads every role's view and names who acts, but never acts itself (a rule that
+:attr:`~CoordinationRule.needs_decider`)."""
+DECIDER_NAME = "router"
+"""The decider's name in its prompts and its saved folder."""
+
+ACTION_LOGPROB = "action_logprob"
+"""Peers score a proposal by its mean token log-prob under their own action prompt."""
+USEFULNESS = "usefulness"
+"""Peers score a proposal by the expected level of their reply to the score prompt (a trained
+decision: ``PromptTemplate.score``)."""
+PROPOSAL_SCORINGS = (ACTION_LOGPROB, USEFULNESS)
+
+SCORE = "score"
+"""A decision learned from demonstrations: every agent rates the other roles' replies."""
+ROUTE = "route"
+"""A decision learned from demonstrations: every agent names who acts next from its own view."""
+PICK = "pick"
+"""A decision learned from demonstrations: the decider names who acts next from every view."""
+LEARNABLE_DECISIONS = (SCORE, ROUTE, PICK)
 
 
 @dataclass
@@ -38,6 +62,38 @@ class CoordinationConfig:
     bid_levels: list[float] = field(default_factory=lambda: list(PAPER_BID_LEVELS))
     replicas: int = 1
     """Copies of each role in the population (population scaling)."""
+
+
+@dataclass
+class LearnedDecisionConfig(CoordinationConfig):
+    """The schema of a rule whose models may learn their decision from demonstrations."""
+
+    relabel_rounds: int = 0
+    """[ours] After the cold start, rounds of labels in the swarm's own states (DAgger): play
+    the swarm on the demonstration worlds under the rule, label every decision prompt it read
+    with the task expert's choice there, fine-tune on them for one epoch (``run/relabel.py``
+    for bids; counted in ``sft/flops``). 0: off; only for a rule that learns its decision."""
+
+
+def relabel_problems(config: Any, learns: bool, when: str) -> list[str]:
+    """The line refusing ``relabel_rounds`` > 0 of a rule configured to learn nothing."""
+    problems = Problems()
+    problems.require(
+        learns or config.relabel_rounds <= 0,
+        "coordination.relabel_rounds",
+        config.relabel_rounds,
+        f"0 unless {when} (the rule learns no decision to relabel)",
+    )
+    return problems
+
+
+def likeliest(logprobs: Mapping[int, float], rng: random.Random) -> int | None:
+    """The agent with the highest log-prob (ties, e.g. replicas of one role: uniform by
+    ``rng``); None when there is none."""
+    if not logprobs:
+        return None
+    top = max(logprobs.values())
+    return rng.choice(sorted(agent for agent, value in logprobs.items() if value == top))
 
 
 def peer_scores(
@@ -74,6 +130,10 @@ class Situation:
                     (empty: it would skip); only for rules that ask for it.
     bid_bonus:      what exploration adds to each bid when the winner is picked (training
                     only, ``bids.explore``); the decision records the bid itself.
+    routes:         ``routes[router][agent]``: the log-prob that ``router`` (an agent, or
+                    :data:`DECIDER`) replies ``agent``'s role to its route prompt (who acts
+                    next), for each router the rule named (:meth:`CoordinationRule.routers`)
+                    and each present agent; only for rules that ask for routes.
     """
 
     n_agents: int
@@ -85,6 +145,7 @@ class Situation:
     absent: frozenset[int] = frozenset()
     expert_choice: frozenset[int] = frozenset()
     bid_bonus: Mapping[int, float] = field(default_factory=dict)
+    routes: Mapping[int, Mapping[int, float]] = field(default_factory=dict)
 
     @property
     def present(self) -> list[int]:
@@ -176,11 +237,25 @@ class CoordinationRule(abc.ABC):
     """The schema of the rule's YAML (``conf/coordination/<name>.yaml``)."""
     monolithic: ClassVar[bool] = False
     """Whether the rule needs the population of one agent that owns every role."""
-    asks_bids: ClassVar[bool] = False
-    """Whether the collector samples the bids of the agents :meth:`bidders` names."""
+    asks_bids: bool = False
+    """Whether the collector samples the bids of the agents :meth:`bidders` names (a rule may
+    set it per instance, from its config)."""
     asks_proposals: ClassVar[bool] = False
     """Whether the collector samples every agent's action proposal and has every agent score
     the others' (the acting proposal is then the action: no second generation)."""
+    proposal_scoring: str = ACTION_LOGPROB
+    """How peers score the proposals (:data:`PROPOSAL_SCORINGS`): :data:`ACTION_LOGPROB` or
+    :data:`USEFULNESS` (a rule may set it per instance, from its config)."""
+    asks_routes: bool = False
+    """Whether the collector reads, for each router :meth:`routers` names, how likely it names
+    each present agent's role as the next actor (:attr:`Situation.routes`)."""
+    needs_decider: ClassVar[bool] = False
+    """Whether the population holds a decider (:data:`DECIDER`) besides the acting agents: a
+    model of the agents' architecture that only routes, trained with them in the cold start."""
+    decisions_learned: frozenset[str] = frozenset()
+    """Which decisions of :data:`LEARNABLE_DECISIONS` the rule's models learn from the experts'
+    demonstrations in the cold start, in place of the bids when the rule asks no bids (a rule
+    may set it per instance, from its config)."""
     reads_observations: ClassVar[bool] = False
     """Whether situations carry the shared observation text."""
     asks_expert: ClassVar[bool] = False
@@ -218,6 +293,11 @@ class CoordinationRule(abc.ABC):
 
     def bidders(self, situation: Situation) -> list[int]:
         """The agents whose bids the rule needs in this situation (rules that ask for bids)."""
+        return []
+
+    def routers(self, situation: Situation) -> list[int]:
+        """The agents (or :data:`DECIDER`) whose route the rule needs in this situation (rules
+        that ask for routes)."""
         return []
 
     @abc.abstractmethod

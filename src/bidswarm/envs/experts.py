@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bidswarm.envs.base import TextEnv
@@ -20,14 +21,18 @@ from bidswarm.envs.base import TextEnv
 class Demonstration:
     """One supervised example: what ``role`` saw and what its expert replied.
 
-    kind: ``bid`` (reply is the bid level as text) or ``action`` (reply is the action text).
+    kind: ``bid`` (reply is the bid level as text) or ``action`` (reply is the action text);
+        the decisions a coordination rule learns add ``score`` (reply: the usefulness level of
+        ``proposal``, another role's reply) and ``route`` (reply: the role that should act).
     role: None for the monolithic agent's copy of an action demonstration.
+    proposal: the reply a ``score`` demonstration rates (empty for the other kinds).
     """
 
     kind: str
     role: str | None
     observation: str
     reply: str
+    proposal: str = ""
 
 
 @dataclass
@@ -84,14 +89,23 @@ def expert_owners(levels: dict[str, float]) -> frozenset[str]:
     return frozenset(role for role, level in levels.items() if level == top)
 
 
-def play_expert_episode(env: TextEnv, seed: int, bid_levels: list[float]) -> ExpertEpisode:
-    """Run the experts on world ``seed``: highest expert bid acts, ties uniform, all-zero skips."""
+def play_expert_episode(
+    env: TextEnv,
+    seed: int,
+    bid_levels: list[float],
+    on_state: Callable[[TextEnv, dict[str, float]], None] | None = None,
+) -> ExpertEpisode:
+    """Run the experts on world ``seed``: highest expert bid acts, ties uniform, all-zero skips.
+    ``on_state(env, levels)`` sees each state before its step, with every role's expert bid
+    (what the demonstrations of a rule's own decisions are read from)."""
     rng = random.Random(seed)
     env.reset(seed)
     episode = ExpertEpisode(seed=seed)
     while not env.done:
         observations = {role: env.observation(role) for role in env.roles}
         bids = expert_levels(env, bid_levels)
+        if on_state is not None:
+            on_state(env, bids)
         for role in env.roles:
             episode.demonstrations.append(
                 Demonstration("bid", role, observations[role], format_bid(bids[role]))

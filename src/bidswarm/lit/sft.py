@@ -7,7 +7,13 @@ actions (the demonstrations with role None), so it sees each action demonstratio
 that role's agent (``sft.match=action_passes``). With ``sft.match=tokens`` the monolithic
 agent's passes instead go on until it has trained as many tokens as the role agents of one
 replica in total, bids included (:class:`~bidswarm.config.SFTMatch` says why that favours it).
-Each plan's action and bid tokens and FLOPs are the run's SFT budget (:func:`sft_budget`).
+A rule that learns its own decision (``CoordinationRule.decisions_learned``: peers' usefulness
+scores, routes) has demonstrations of it in place of the bids (``run/decision_demonstrations.py``):
+each agent learns its role's ``score`` and ``route`` demonstrations as it would its bids (the same
+passes, the same ``bid_fraction`` share), and the population's decider, if it has one, its own
+``route`` demonstrations in the same optimizer step.
+Each plan's action, bid and decision tokens and FLOPs are the run's SFT budget
+(:func:`sft_budget`).
 The loss is the token mean of the negative log-likelihood of the reply tokens (end of sequence
 included), never of the prompt. Each agent's batch is forwarded in micro-batches of at most
 ``SFTConfig.micro_batch_tokens`` tokens with gradient accumulation: the step is the same, its
@@ -32,9 +38,10 @@ from torch.utils.data import DataLoader
 
 from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy, micro_batches
-from bidswarm.agents.population import Population, agent_folder_name
+from bidswarm.agents.population import DECIDER_FOLDER, Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
-from bidswarm.config import SFTConfig, SFTMatch
+from bidswarm.config import SFTConfig, SFTDemonstrations, SFTMatch
+from bidswarm.coordination.base import DECIDER_NAME
 from bidswarm.engines import PromptBatch, RolloutEngine
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
@@ -49,6 +56,7 @@ class SFTExample:
     prompt_ids: list[int]
     reply_ids: list[int]
     kind: str
+    """``action``, ``bid``, or a learned decision's ``score`` / ``route``."""
 
     @property
     def tokens(self) -> int:
@@ -59,12 +67,7 @@ def encode_demonstrations(
     agent: AgentPolicy, demonstrations: list[Demonstration], prompts: PromptTemplate
 ) -> list[SFTExample]:
     """Prompt and reply tokens of each demonstration, as ``agent`` would see and write them."""
-    texts = [
-        prompts.bid(d.role, d.observation)
-        if d.kind == "bid"
-        else prompts.action(d.role, d.observation)
-        for d in demonstrations
-    ]
+    texts = [prompts.prompt_of(d) for d in demonstrations]
     prompt_ids = agent.encode_prompts(texts) if texts else []
     return [
         SFTExample(ids, agent.encode_reply(prompts.reply_text(d.reply)), d.kind)
@@ -72,8 +75,27 @@ def encode_demonstrations(
     ]
 
 
+DECISION_KINDS = ("score", "route")
+"""The demonstrations of a rule's learned decision (``sft/decision_tokens``)."""
+SAMPLED_KINDS = ("bid", *DECISION_KINDS)
+"""The kinds of which ``sft.bid_fraction`` keeps a seeded share: a decision made at every step."""
+
+
+def member_name(index: int, role: str | None) -> str:
+    """``agent0_logger``, ...; the decider (after the agents): ``decider_router``."""
+    return DECIDER_FOLDER if role == DECIDER_NAME else agent_folder_name(index, role)
+
+
+def trained_members(population: Population) -> Population:
+    """What the cold start trains: the agents, and after them the decider if there is one."""
+    if population.decider is None:
+        return population
+    return Population([*population.agents, population.decider])
+
+
 def demonstrations_of(role: str | None, demonstrations: list[Demonstration]):
-    """A role's bid and action demonstrations; for None, the monolithic copies of actions."""
+    """A role's bid, action and decision demonstrations (the decider's: its ``route`` ones);
+    for None, the monolithic copies of actions."""
     if role is None:
         return [d for d in demonstrations if d.role is None and d.kind == "action"]
     return [d for d in demonstrations if d.role == role]
@@ -118,14 +140,15 @@ def bid_parse_rate(
 def keep_bid_fraction(
     demonstrations: list[Demonstration], fraction: float, rng: random.Random
 ) -> list[Demonstration]:
-    """Every action demonstration and a seeded draw of ``fraction`` of the bid ones, in order.
+    """Every action demonstration and a seeded draw of ``fraction`` of the bid (and learned
+    decision) ones, in order.
 
     Every role bids at every step but acts at few, so bids are most of a role's examples;
     keeping fewer of them gives the SFT steps to the replies (the harder part to learn).
     """
     if fraction >= 1.0:
         return demonstrations
-    return [d for d in demonstrations if d.kind != "bid" or rng.random() < fraction]
+    return [d for d in demonstrations if d.kind not in SAMPLED_KINDS or rng.random() < fraction]
 
 
 def epoch_stream(n_examples: int, epochs: int, rng: random.Random) -> list[int]:
@@ -201,12 +224,13 @@ class AgentPlan:
             for prompts, replies in example_forwards(agent, self.batch(step), token_budget)
         )
 
-    def trained_tokens_of(self, kind: str) -> int:
-        """Prompt + reply tokens of the ``kind`` (``action`` or ``bid``) examples trained on."""
+    def trained_tokens_of(self, *kinds: str) -> int:
+        """Prompt + reply tokens of the examples of ``kinds`` (``action``, ``bid``, ...)
+        trained on."""
         return sum(
             self.examples[index].tokens
             for index in self.stream
-            if self.examples[index].kind == kind
+            if self.examples[index].kind in kinds
         )
 
 
@@ -219,6 +243,11 @@ def plan_sft(
 ) -> list[AgentPlan]:
     """Each agent's examples and batch order (see the module docstring for the rules)."""
     rng = random.Random(seed)
+    if cfg.demonstrations != SFTDemonstrations.all:
+        kinds = DECISION_KINDS
+        if cfg.demonstrations == SFTDemonstrations.decisions_and_actions:
+            kinds = (*DECISION_KINDS, "action")
+        demonstrations = [d for d in demonstrations if d.kind in kinds]
     demonstrations = keep_bid_fraction(demonstrations, cfg.bid_fraction, rng)
     role_demos = [d for d in demonstrations if d.role is not None]
     plans: list[AgentPlan] = []
@@ -242,11 +271,14 @@ def sft_budget(
     population: Population, plans: list[AgentPlan], token_budget: int | None
 ) -> dict[str, float]:
     """What SFT spends, per agent and in total: ``sft/action_tokens`` and ``sft/bid_tokens``
-    (prompt + reply tokens trained on, by demonstration kind) and ``sft/flops`` (training FLOPs
+    (prompt + reply tokens trained on, by demonstration kind), ``sft/decision_tokens`` (of a
+    learned decision's, only where there are any) and ``sft/flops`` (training FLOPs
     per token x the tokens the forwards compute, :meth:`AgentPlan.forward_tokens`: 6 x
     parameters, 4 x base + 6 x adapter under LoRA, :mod:`bidswarm.agents.flops`, as the RL
-    ledger counts them); each as ``<name>/<agent>`` and ``<name>`` (the sum over agents)."""
+    ledger counts them); each as ``<name>/<agent>`` and ``<name>`` (the sum over agents; the
+    decider's as ``/decider_router``)."""
     budget: dict[str, float] = {name: 0.0 for name in names.SFT_BUDGET}
+    learns = any(plan.trained_tokens_of(*DECISION_KINDS) for plan in plans)
     for index, (agent, plan) in enumerate(zip(population, plans, strict=True)):
         per_token = agent.parameter_counts().train_flops_per_token
         spent = {
@@ -254,9 +286,11 @@ def sft_budget(
             names.SFT_BID_TOKENS: float(plan.trained_tokens_of("bid")),
             names.SFT_FLOPS: per_token * plan.forward_tokens(agent, token_budget),
         }
+        if learns:
+            spent[names.SFT_DECISION_TOKENS] = float(plan.trained_tokens_of(*DECISION_KINDS))
         for name, value in spent.items():
-            budget[f"{name}/{agent_folder_name(index, agent.role)}"] = value
-            budget[name] += value
+            budget[f"{name}/{member_name(index, agent.role)}"] = value
+            budget[name] = budget.get(name, 0.0) + value
     return budget
 
 
@@ -287,7 +321,7 @@ class SFTModule(L.LightningModule):
         return max((plan.steps for plan in self.plans), default=0)
 
     def agent_name(self, index: int) -> str:
-        return agent_folder_name(index, self.population[index].role)
+        return member_name(index, self.population[index].role)
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(list(range(self.total_steps)), batch_size=None, shuffle=False)
@@ -361,7 +395,8 @@ def run_sft(
     seed: int = 0,
     progress: bool = False,
 ) -> dict[str, float]:
-    """Fine-tune every agent on its own demonstrations with a ``lightning.Trainer``.
+    """Fine-tune every agent (and the decider, :func:`trained_members`) on its own
+    demonstrations with a ``lightning.Trainer``.
 
     ``trainer_kwargs`` go to the Trainer (accelerator, devices, precision, ...); loss curves
     go to ``logger`` per agent; ``progress``: a bar over the steps on stderr. Returns
@@ -369,6 +404,7 @@ def run_sft(
     processed), ``sft/loss_tokens/<agent>`` (supervised reply tokens), ``sft/trained_tokens``
     (all agents), ``sft/steps`` and the SFT budget (:func:`sft_budget`).
     """
+    population = trained_members(population)
     plans = plan_sft(population, demonstrations, prompts, cfg, seed)
     module = SFTModule(population, plans, cfg)
     if module.total_steps == 0:

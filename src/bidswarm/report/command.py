@@ -33,7 +33,7 @@ from bidswarm.report.figures import (
     plot_reward_vs_flops_per_strategy,
     plot_winning_bids,
 )
-from bidswarm.report.market import market_run_table, owner_gap_table
+from bidswarm.report.market import decision_table, market_run_table, owner_gap_table
 from bidswarm.report.provenance import provenance
 from bidswarm.report.reading import (
     DEFAULT_STRATEGY,
@@ -103,6 +103,7 @@ def write_report(
         run_table(groups),
         owner_gap_table(groups),
         market_run_table(groups),
+        decision_table(groups),
         success_gain_table(groups),
         participation_table(groups),
         participation_at_table(groups),

@@ -1,12 +1,14 @@
-"""The report's market sections: each run's market health, and per strategy the gap between the
-``expert_owner`` reference (the task's expert picks who acts, the same trained agents act) and
-the run's own rule, paired over (training seed, world) cells."""
+"""The report's market sections: each run's market health; each run's decision after SFT
+beside what it cost (the bids, or a rule's learned decision, docs/coordination.md "Decisions
+learned from demonstrations"); and per strategy the gap between the ``expert_owner`` reference
+(the task's expert picks who acts, the same trained agents act) and the run's own rule, paired
+over (training seed, world) cells."""
 
 from __future__ import annotations
 
 from bidswarm import metric_names as names
 from bidswarm import statistics
-from bidswarm.report.reading import RunResult
+from bidswarm.report.reading import RELABEL_FLOPS, RunResult
 from bidswarm.report.strategies import strategy_cells
 
 
@@ -58,6 +60,66 @@ def market_run_table(groups: dict[str, list[RunResult]]) -> str:
             f"| {'–' if entropy is None else f'{entropy:.2f}'} | {shown_gap} |"
         )
     return "\n".join(lines)
+
+
+def decision_table(groups: dict[str, list[RunResult]]) -> str:
+    """Markdown: one row per training run with who acts after SFT (held-out) beside what the
+    decision costs: its agreement with the expert's owner (on / off the experts' path), each
+    role's share of the steps the expert gives it, the rollout FLOPs per decision step, and
+    the cold start's training FLOPs of the bids and of a learned decision (each its tokens'
+    share of ``sft/flops``, plus its labelling rounds); empty when no run logged it."""
+    rows = [(s, r) for s, results in groups.items() for r in results if r.market.get("before")]
+    if not rows:
+        return ""
+    agree = names.EXPERT_OWNER_AGREEMENT
+    lines = [
+        "Who acts after SFT, per training run (held-out, before RL): the actor = the expert's "
+        "choice overall and on / off the experts' path; per role (alphabetical) the share of "
+        "the steps the expert gives it where it acted; the rollout FLOPs per decision step of "
+        "that evaluation (bids, proposals, scores, routes and the action); and the cold "
+        "start's training FLOPs of the bids and of the rule's learned decision (each its "
+        "tokens' share of the SFT FLOPs, plus its labelling rounds; a rule that learns a "
+        "decision still learns the bids, unused, so that its actions learn the auction's "
+        "stream), and all SFT FLOPs.",
+        "",
+        "| strategy | seed | actor = expert's choice | on / off path | owner's share acted "
+        "| FLOPs / decision | bid SFT FLOPs | learned decision SFT FLOPs | SFT FLOPs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for strategy, r in rows:
+        before = r.market["before"]
+        cost = before.get("flops_per_decision")
+        bids, decision = channel_flops(r.budget)
+        lines.append(
+            f"| {strategy} | {'–' if r.training_seed is None else r.training_seed} "
+            f"| {_share(before.get(agree))} | {_share(before.get(f'{agree}/on_path'))} / "
+            f"{_share(before.get(f'{agree}/off_path'))} "
+            f"| {_per_role(before, names.EXPERT_OWNER_RECALL)} "
+            f"| {_flops(cost)} | {_flops(bids)} | {_flops(decision)} "
+            f"| {_flops(r.budget.get(names.SFT_FLOPS))} |"
+        )
+    return "\n".join(lines)
+
+
+def _flops(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def channel_flops(budget: dict[str, float]) -> tuple[float | None, float | None]:
+    """The cold start's FLOPs of the bids and of a learned decision: the share of
+    ``sft/flops`` (without the labelling rounds, which it includes) of their tokens among the
+    action, bid and decision tokens, plus their own rounds (``sft/relabel/flops``,
+    ``sft/decision_relabel/flops``); None where the run logged none of them."""
+    kinds = (names.SFT_ACTION_TOKENS, names.SFT_BID_TOKENS, names.SFT_DECISION_TOKENS)
+    tokens = sum(budget.get(kind, 0.0) for kind in kinds)
+    if names.SFT_FLOPS not in budget or tokens <= 0:
+        return None, None
+    bid_rounds, decision_rounds = (budget.get(key, 0.0) for key in RELABEL_FLOPS)
+    per_token = (budget[names.SFT_FLOPS] - bid_rounds - decision_rounds) / tokens
+    bids = per_token * budget.get(names.SFT_BID_TOKENS, 0.0) + bid_rounds
+    if names.SFT_DECISION_TOKENS not in budget:
+        return bids, None
+    return bids, per_token * budget[names.SFT_DECISION_TOKENS] + decision_rounds
 
 
 def owner_gap_table(groups: dict[str, list[RunResult]], rule: str = "expert_owner") -> str:

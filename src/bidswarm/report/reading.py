@@ -44,12 +44,16 @@ DEFAULT_STRATEGY = "mpt (defaults)"
 BUDGET_COLUMNS = (
     (names.SFT_ACTION_TOKENS, "SFT action tokens"),
     (names.SFT_BID_TOKENS, "SFT bid tokens"),
+    (names.SFT_DECISION_TOKENS, "SFT decision tokens"),
     (names.SFT_FLOPS, "SFT FLOPs"),
     (names.UPDATES_ACTION, "RL action updates"),
     (names.UPDATES_BID, "RL bid updates"),
     ("flops/total", "training FLOPs (RL)"),
 )
 """The budget a training run logs (its final values) -> the budget table's column header."""
+RELABEL_FLOPS = ("sft/relabel/flops", "sft/decision_relabel/flops")
+"""The cold start's labelling rounds (bids', a learned decision's): in ``sft/flops``, read
+apart for the decision table."""
 
 KIND_TAG = "bidswarm.kind"
 """The tag that says what a run is: ``evaluate`` (``bidswarm.evaluate``), ``report``."""
@@ -225,8 +229,10 @@ def folder_seed(run_dir: str | None) -> int | None:
 
 
 def budget_of(metrics: dict[str, float]) -> dict[str, float]:
-    """The budget (:data:`BUDGET_COLUMNS`) among a training run's final metric values."""
-    return {key: metrics[key] for key, _ in BUDGET_COLUMNS if key in metrics}
+    """The budget (:data:`BUDGET_COLUMNS`, :data:`RELABEL_FLOPS`) among a training run's final
+    metric values."""
+    keys = [key for key, _ in BUDGET_COLUMNS] + list(RELABEL_FLOPS)
+    return {key: metrics[key] for key in keys if key in metrics}
 
 
 def winning_bids_of(metrics: dict[str, float], evaluation: str) -> dict[str, dict[str, float]]:
@@ -347,12 +353,19 @@ def read_run(client: MlflowClient, run: Run) -> RunResult:
 
 
 def market_of(metrics: dict[str, float], prefix: str) -> dict[str, float]:
-    """The market health among the metrics under ``prefix`` (``rollout/market.py``)."""
-    return {
+    """The market health among the metrics under ``prefix`` (``rollout/market.py``), and the
+    evaluation's rollout FLOPs per decision step (``flops_per_decision``: its ``flops`` over
+    ``episodes`` x mean ``task/decisions``) where it logged them."""
+    found = under(metrics, prefix)
+    market = {
         name: value
-        for name, value in under(metrics, prefix).items()
+        for name, value in found.items()
         if name.startswith(names.MARKET_HEALTH) or name.startswith("gap_to_")
     }
+    decisions = found.get("episodes", 0.0) * found.get("task/decisions", 0.0)
+    if market and "flops" in found and decisions > 0:
+        market["flops_per_decision"] = found["flops"] / decisions
+    return market
 
 
 def references_of(metrics: dict[str, float], prefix: str) -> list[str]:

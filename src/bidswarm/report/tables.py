@@ -142,10 +142,11 @@ def budget_table(groups: dict[str, list[RunResult]]) -> str:
     headers = " | ".join(header for _, header in BUDGET_COLUMNS)
     lines = [
         "What each strategy's training spent (mean over its runs; an evaluation run counts "
-        "its source run's): SFT tokens (prompt + reply) of action and of bid demonstrations "
-        "and SFT FLOPs, the RL updates of each kind, and RL's training FLOPs (rollouts, forks "
-        "and trained tokens; SFT's apart). By default every arm makes the same passes over "
-        "each action demonstration and the same number of action updates (docs/coordination.md).",
+        "its source run's): SFT tokens (prompt + reply) of action, of bid and of a learned "
+        "decision's demonstrations and SFT FLOPs, the RL updates of each kind, and RL's "
+        "training FLOPs (rollouts, forks and trained tokens; SFT's apart). By default every "
+        "arm makes the same passes over each action demonstration and the same number of "
+        "action updates (docs/coordination.md).",
         "",
         f"| strategy | {headers} | runs |",
         "|---|" + "---|" * (len(BUDGET_COLUMNS) + 1),

@@ -1,8 +1,9 @@
 """The RolloutLoop: lock-step episodes over many environments, batched per agent.
 
 Each decision step, over the live environments: the loop gathers what the coordination rule
-declares it decides from (the bids of the agents it names, or every agent's action proposal
-and the peers' scores of them), one generation or scoring batch per agent; the rule decides
+declares it decides from (the bids of the agents it names, the routes of the routers it names,
+or every agent's action proposal and the peers' scores of them, by the scoring it declares),
+one generation or scoring batch per agent; the rule decides
 (each decision saying, or leaving to the rule's declaration, whether its bids were read and
 whether it may be forked: ``CoordinationRule.settle``); the actors' actions are generated, one
 batch per actor; the environments step. The rule itself
@@ -17,9 +18,10 @@ from dataclasses import replace
 
 import torch
 
-from bidswarm.coordination.base import CoordinationRule, Decision, Situation
+from bidswarm.coordination.base import USEFULNESS, CoordinationRule, Decision, Situation
 from bidswarm.envs.base import MONOLITHIC, TextEnv
 from bidswarm.envs.experts import expert_levels, expert_owners
+from bidswarm.rollout.decisions import DecisionReader
 from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
@@ -44,6 +46,8 @@ class RolloutLoop:
         self.swarm = swarm
         self.coordination = coordination
         self.dropout = dropout
+        self.decisions = DecisionReader(swarm)
+        """Reads the decisions a rule learned (routes, usefulness scores)."""
         self._pool: list[TextEnv] = []
 
     def with_rule(self, coordination: CoordinationRule) -> RolloutLoop:
@@ -197,10 +201,17 @@ class RolloutLoop:
                 )
                 for s, env_bids in zip(situations, bids, strict=True)
             ]
+        if rule.asks_routes:
+            present = [s.present for s in situations]
+            routes = self.decisions.routes(envs, [rule.routers(s) for s in situations], present)
+            situations = [
+                replace(s, routes=env_routes)
+                for s, env_routes in zip(situations, routes, strict=True)
+            ]
         proposals: list[list[Reply | None]] = [[] for _ in envs]
         if rule.asks_proposals:
             present = [s.present for s in situations]
-            proposals, scores = self._propose(envs, present, generator)
+            proposals, scores = self._propose(envs, present, generator, rule.proposal_scoring)
             situations = [
                 replace(s, peer_scores=env_scores)
                 for s, env_scores in zip(situations, scores, strict=True)
@@ -228,11 +239,17 @@ class RolloutLoop:
         return bids
 
     def _propose(
-        self, envs: list[TextEnv], present: list[list[int]], generator: torch.Generator
+        self,
+        envs: list[TextEnv],
+        present: list[list[int]],
+        generator: torch.Generator,
+        scoring: str,
     ) -> tuple[list[list[Reply | None]], list[tuple[tuple[float, ...], ...]]]:
         """Every present agent's proposed action in every env (``present[env]``; one batch per
         agent), and per env the scores ``[scorer][proposer]`` of every proposal by every other
-        present agent (one scoring batch per scorer; a lone agent scores its own)."""
+        present agent (one scoring batch per scorer; a lone agent scores its own): the mean
+        token log-prob under the scorer's action prompt, or with ``scoring``
+        :data:`USEFULNESS` the scorer's usefulness level (:class:`DecisionReader`)."""
         n = self.swarm.n_agents
         proposals: list[list[Reply | None]] = [[None] * n for _ in envs]
         for agent in range(n):
@@ -241,6 +258,8 @@ class RolloutLoop:
                 replies = self.swarm.act(agent, [envs[e] for e in positions], generator)
                 for e, reply in zip(positions, replies, strict=True):
                     proposals[e][agent] = reply
+        if scoring == USEFULNESS:
+            return proposals, self.decisions.usefulness(envs, present, proposals)
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
         for scorer in range(n):
             rows = [

@@ -51,8 +51,10 @@ def market_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[str
 
 def _agreement(episodes: list[Episode], roles: list[str | None]) -> dict[str, float]:
     """``auction/expert_owner_agreement`` over the steps with the experts' view, and its
-    ``/on_path`` and ``/off_path`` parts (each only where it has steps)."""
+    ``/on_path`` and ``/off_path`` parts (each only where it has steps); per role that owns
+    steps, ``auction/expert_owner_recall/<role>``."""
     groups: dict[str, list[bool]] = {"": [], "/on_path": [], "/off_path": []}
+    recall: dict[str, list[bool]] = {}
     for episode in episodes:
         for step, on_path in zip(episode.steps, episode.on_expert_path, strict=True):
             if not step.expert_levels:
@@ -60,11 +62,17 @@ def _agreement(episodes: list[Episode], roles: list[str | None]) -> dict[str, fl
             agrees = _agrees(step, roles)
             groups[""].append(agrees)
             groups["/on_path" if on_path else "/off_path"].append(agrees)
-    return {
+            for owner in step.expert_owners:
+                acted = step.actor is not None and roles[step.actor] == owner
+                recall.setdefault(owner, []).append(acted)
+    metrics = {
         f"{names.EXPERT_OWNER_AGREEMENT}{part}": sum(flags) / len(flags)
         for part, flags in groups.items()
         if flags
     }
+    for role, flags in sorted(recall.items()):
+        metrics[f"{names.EXPERT_OWNER_RECALL}/{role}"] = sum(flags) / len(flags)
+    return metrics
 
 
 def _agrees(step: StepRecord, roles: list[str | None]) -> bool:

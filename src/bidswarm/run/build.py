@@ -41,19 +41,25 @@ def build_population(
     """The run's agents: those saved after SFT (``state`` says ``sft_done``), else the
     ``init_from=`` run's final agents (checked by :func:`bidswarm.run.preflight.preflight`),
     else new ones whose tokenizer (tiny models) reads the task, its roles and
-    ``demonstrations``."""
+    ``demonstrations``; with a decider beside them when the rule needs one
+    (``CoordinationRule.needs_decider``: a new one where the source has none)."""
+    decider = RULES[cfg.coordination.name].needs_decider
     if state.get("sft_done"):
         return Population.from_pretrained(run_dir / "sft")
     if cfg.init_from is not None:
         source = Population.from_pretrained(init_population_folder(cfg))
-        return source.replicate(cfg.coordination.replicas)
+        population = source.replicate(cfg.coordination.replicas)
+        return population.with_decider(cfg.model) if decider else population
     texts = PromptTemplate.for_env(
         env, "compact", None, list(cfg.coordination.bid_levels), cfg.bids.prompt
     )
     corpus = [env.task_description] + [env.role_description(r) for r in env.roles]
-    corpus += texts.demonstration_texts(demonstrations) + env.vocabulary_texts()
+    # The bid and action demonstrations only: a rule's learned decisions (``score``,
+    # ``route``) leave the tokenizer, and so the agents' initial weights, the auction's.
+    plain = [d for d in demonstrations if d.kind in ("bid", "action")]
+    corpus += texts.demonstration_texts(plain) + env.vocabulary_texts()
     return Population.build(
-        cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus
+        cfg.model, population_roles(cfg, env), cfg.coordination.replicas, corpus, decider
     )
 
 

@@ -9,8 +9,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.coordination import CoordinationRule
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration, play_expert_episode
+from bidswarm.run.decision_demonstrations import with_learned_decisions
 
 
 def demonstrations_by_world(
@@ -49,13 +51,18 @@ def action_limit_worlds(env: TextEnv) -> list[int]:
 
 
 def start_demonstrations(
-    env: TextEnv, cfg: DictConfig
+    env: TextEnv, cfg: DictConfig, rule: CoordinationRule | None = None
 ) -> tuple[list[Demonstration], list[Demonstration]]:
-    """The SFT demonstrations (:func:`demonstration_worlds`) and those that set the
-    action-token limit (:func:`action_limit_worlds`), every world played once."""
+    """The SFT demonstrations (:func:`demonstration_worlds`; with those of the decisions the
+    run's ``rule`` learns, :func:`with_learned_decisions`) and those that set the action-token
+    limit (:func:`action_limit_worlds`), every world played once."""
     sft, limit = demonstration_worlds(env, cfg), action_limit_worlds(env)
-    played = demonstrations_by_world(env, sft + limit, list(cfg.coordination.bid_levels))
-    return [d for w in sft for d in played[w]], [d for w in limit for d in played[w]]
+    levels = list(cfg.coordination.bid_levels)
+    played = demonstrations_by_world(env, sft + limit, levels)
+    demos = [d for w in sft for d in played[w]]
+    if rule is not None:
+        demos = with_learned_decisions(demos, env, sft, levels, rule)
+    return demos, [d for w in limit for d in played[w]]
 
 
 def action_token_limit(

@@ -20,6 +20,7 @@ from bidswarm import console, tracking, transcripts
 from bidswarm import metric_names as names
 from bidswarm.agents.population import LORA_BASE_FOLDER, Population
 from bidswarm.algorithms.credit import CreditRule, make_credit
+from bidswarm.coordination import make_coordination
 from bidswarm.envs import make_env
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration
@@ -46,6 +47,7 @@ from bidswarm.run.demonstrations import demonstration_worlds, start_demonstratio
 from bidswarm.run.recording import RunLogger, make_logger
 from bidswarm.run.references import play_references, record_references
 from bidswarm.run.relabel import RELABEL, relabel_bids
+from bidswarm.run.relabel_decisions import RELABEL_DECISIONS, relabel_run_decisions
 from bidswarm.run.resume import load_state, run_folder, write_atomically
 
 
@@ -76,7 +78,8 @@ class Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         state = load_state(run_dir)
         env = make_env(OmegaConf.to_object(cfg.task))
-        demos, action_limit_demos = start_demonstrations(env, cfg)
+        rule = make_coordination(OmegaConf.to_object(cfg.coordination))
+        demos, action_limit_demos = start_demonstrations(env, cfg, rule)
         population = build_population(cfg, env, run_dir, state, demos)
         loop = build_rollout_loop(cfg, population, action_limit_demonstrations=action_limit_demos)
         logger = make_logger(cfg, run_dir, state.get("mlflow_run_id"))
@@ -127,10 +130,17 @@ class Run:
                 relabelled = self.relabel()
                 result |= relabelled
                 result[names.SFT_FLOPS] += relabelled[f"{RELABEL}/flops"]
+            if self.cfg.coordination.get("relabel_rounds", 0):
+                relabelled = relabel_run_decisions(
+                    self.loop, self.env, self.cfg, self.demonstrations
+                )
+                result |= relabelled
+                result[names.SFT_FLOPS] += relabelled[f"{RELABEL_DECISIONS}/flops"]
             self.state["sft"] = result
             # The SFT budget (tokens by demonstration kind, FLOPs) of the arm, for the report,
             # and how many of the agents' bid replies parse before and after SFT.
-            logged = (*names.SFT_BUDGET, names.SFT_BID_PARSE_RATE, RELABEL)
+            logged = (*names.SFT_BUDGET, names.SFT_DECISION_TOKENS, names.SFT_BID_PARSE_RATE)
+            logged += (RELABEL, RELABEL_DECISIONS)
             self.logger.log_metrics(
                 {k: v for k, v in result.items() if k.startswith(logged)}, step=0
             )
