@@ -27,7 +27,7 @@ from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.coordination.base import DECIDER_NAME
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration
-from bidswarm.lit.bid_anchor import bid_anchor_loss
+from bidswarm.lit.bid_targets import bid_anchor_loss
 from bidswarm.rollout.batches import BidLabelBatch
 from bidswarm.rollout.decisions import DecisionLabel
 from bidswarm.rollout.keyed import seeded_randomness
