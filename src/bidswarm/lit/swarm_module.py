@@ -42,6 +42,7 @@ from bidswarm.algorithms.losses import (
 )
 from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
+from bidswarm.coordination.bid_readers import BidsConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
 from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss
 from bidswarm.lit.collectives import sum_over_processes
@@ -65,18 +66,18 @@ class SwarmModule(L.LightningModule):
         collector: Collector,
         rl: RLConfig,
         temperature: float,
-        bid_temperature: float | None = None,
+        bids: BidsConfig | None = None,
     ):
-        """``bid_temperature``: at which the sampled reader's bid replies are scored (None:
-        ``temperature``); the bid channel's other settings are the collector's."""
+        """``bids``: the bid channel (None: the paper's); its ``temperature`` is the one the
+        sampled reader's bid replies are scored at (None: ``temperature``)."""
         super().__init__()
         self.automatic_optimization = False
         self.population = population
         self.collector = collector
         self.rl = rl
-        self.bids = collector.bids
+        self.bids = bids or BidsConfig(name="paper")
         self.temperature = temperature
-        self.bid_temperature = bid_temperature or temperature
+        self.bid_temperature = self.bids.temperature or temperature
         self.history: list[dict[str, float]] = []
         self.usage = Usage()
         """The run's training ledger: every update's counts of every process, summed

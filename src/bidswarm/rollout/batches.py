@@ -28,18 +28,26 @@ class Forward(NamedTuple):
     reply_ids: list[list[int]]
 
 
-@dataclass(frozen=True)
-class ActionBatch:
-    """One agent's acting steps: the prompt it saw, the action it wrote, the step's credit and
-    its decision index in the episode (what ``rl.baseline=role_decision_mean`` groups by), and
-    the rollout engine's log-prob of each action token (:attr:`Reply.sampled_logprobs`)."""
+class LearnerBatch:
+    """What every batch the learner takes shares: its forwards (:meth:`forwards`, each batch
+    kind its own), and the tokens they compute (the FLOP ledger's)."""
 
-    agent: int
+    def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
+        raise NotImplementedError
+
+    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
+        """Tokens the learner's forwards over this batch compute (the FLOP ledger's)."""
+        return sum(
+            policy.forward_tokens(f.prompt_ids, f.reply_ids)
+            for f in self.forwards(policy, token_budget)
+        )
+
+
+class RowBatch(LearnerBatch):
+    """A batch of (prompt, reply) rows, each trained on its reply tokens."""
+
     prompt_ids: list[list[int]]
     reply_ids: list[list[int]]
-    credit: list[float]
-    decisions: list[int]
-    sampled_logprobs: list[tuple[float, ...]]
 
     def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
         """The learner's forwards over this batch: consecutive rows whose forward stays within
@@ -51,16 +59,23 @@ class ActionBatch:
             for part in micro_batches(rows, token_budget)
         ]
 
-    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
-        """Tokens the learner's forwards over this batch compute (the FLOP ledger's)."""
-        return sum(
-            policy.forward_tokens(f.prompt_ids, f.reply_ids)
-            for f in self.forwards(policy, token_budget)
-        )
+
+@dataclass(frozen=True)
+class ActionBatch(RowBatch):
+    """One agent's acting steps: the prompt it saw, the action it wrote, the step's credit and
+    its decision index in the episode (what ``rl.baseline=role_decision_mean`` groups by), and
+    the rollout engine's log-prob of each action token (:attr:`Reply.sampled_logprobs`)."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    reply_ids: list[list[int]]
+    credit: list[float]
+    decisions: list[int]
+    sampled_logprobs: list[tuple[float, ...]]
 
 
 @dataclass(frozen=True)
-class BidBatch:
+class BidBatch(LearnerBatch):
     """One agent's preference pairs: two bid replies in the same context, preferred first, and
     each pair's weight in the Bradley-Terry mean (:attr:`PreferencePair.weight`)."""
 
@@ -92,16 +107,9 @@ class BidBatch:
             for part in micro_batches(rows, half)
         ]
 
-    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
-        """Tokens the learner's forwards over this batch compute (the FLOP ledger's)."""
-        return sum(
-            policy.forward_tokens(f.prompt_ids, f.reply_ids)
-            for f in self.forwards(policy, token_budget)
-        )
-
 
 @dataclass(frozen=True)
-class BidLabelBatch:
+class BidLabelBatch(RowBatch):
     """One agent's bid prompts with the task expert's bid at each (its canonical reply): the
     targets of the bid anchor (``bids.anchor_coef``), a negative log-likelihood in action
     updates."""
@@ -110,22 +118,9 @@ class BidLabelBatch:
     prompt_ids: list[list[int]]
     reply_ids: list[list[int]]
 
-    def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
-        rows = policy.forward_row_tokens(self.prompt_ids, self.reply_ids)
-        return [
-            Forward(part, [self.prompt_ids[i] for i in part], [self.reply_ids[i] for i in part])
-            for part in micro_batches(rows, token_budget)
-        ]
-
-    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
-        return sum(
-            policy.forward_tokens(f.prompt_ids, f.reply_ids)
-            for f in self.forwards(policy, token_budget)
-        )
-
 
 @dataclass(frozen=True)
-class BidValueBatch:
+class BidValueBatch(LearnerBatch):
     """One agent's bid prompts at forked states with its measured value of acting there, in
     bid units (``bids.loss=calibrated``), and the canonical reply of every bid level: the
     learner moves the agent's distribution over the levels toward each value."""
@@ -152,12 +147,6 @@ class BidValueBatch:
             )
             for part in micro_batches(rows, share)
         ]
-
-    def learner_tokens(self, policy: AgentPolicy, token_budget: int | None) -> int:
-        return sum(
-            policy.forward_tokens(f.prompt_ids, f.reply_ids)
-            for f in self.forwards(policy, token_budget)
-        )
 
 
 def bid_label_batches(

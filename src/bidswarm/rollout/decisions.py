@@ -130,13 +130,7 @@ class DecisionReader:
         useful, useless = format_bid(max(levels)), format_bid(min(levels))
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
         for scorer in range(n):
-            rows = [
-                (e, p)
-                for e in range(len(envs))
-                if scorer in present[e]
-                for p in present[e]
-                if p != scorer or len(present[e]) == 1
-            ]
+            rows = peer_rows(present, scorer)
             if not rows:
                 continue
             role = swarm.role(scorer)
@@ -153,3 +147,15 @@ class DecisionReader:
                     label = useful if swarm.role(p) in owners else useless
                     self._keep(policy, prompt, label)
         return [tuple(tuple(row) for row in env_scores) for env_scores in scores]
+
+
+def peer_rows(present: list[list[int]], scorer: int) -> list[tuple[int, int]]:
+    """(env, proposer) of every proposal ``scorer`` scores: in each env where it is present,
+    every other present agent's (a lone agent scores its own)."""
+    return [
+        (e, p)
+        for e, agents in enumerate(present)
+        if scorer in agents
+        for p in agents
+        if p != scorer or len(agents) == 1
+    ]

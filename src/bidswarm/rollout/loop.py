@@ -21,7 +21,7 @@ import torch
 from bidswarm.coordination.base import USEFULNESS, CoordinationRule, Decision, Situation
 from bidswarm.envs.base import MONOLITHIC, TextEnv
 from bidswarm.envs.experts import expert_levels, expert_owners
-from bidswarm.rollout.decisions import DecisionReader
+from bidswarm.rollout.decisions import DecisionReader, peer_rows
 from bidswarm.rollout.keyed import group_by
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.rollout.swarm import Swarm
@@ -262,13 +262,7 @@ class RolloutLoop:
             return proposals, self.decisions.usefulness(envs, present, proposals)
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
         for scorer in range(n):
-            rows = [
-                (e, p)
-                for e in range(len(envs))
-                if scorer in present[e]
-                for p in present[e]
-                if p != scorer or len(present[e]) == 1
-            ]
+            rows = peer_rows(present, scorer)
             if not rows:
                 continue
             values = self.swarm.score(

@@ -251,7 +251,7 @@ class Run:
             self.loop, self.cfg.rl, self.credit, self.env.train_seeds(), self.cfg.seed, bids
         )
         module = SwarmModule(
-            self.population, collector, self.cfg.rl, self.cfg.model.temperature, bids.temperature
+            self.population, collector, self.cfg.rl, self.cfg.model.temperature, bids
         )
         checkpoint = CrashSafeCheckpoint(
             self.run_dir / "checkpoints",
