@@ -410,3 +410,38 @@ def test_the_calibrated_loss_moves_an_agents_expected_bid_toward_its_value():
         optimizer.step()
     error_after = sum(abs(b - v) for b, v in zip(expected_bids(), values, strict=True))
     assert error_after < 0.3 * error_before, (error_before, error_after)
+
+
+def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def run_folder(name: str, seed: int, own: float, reference: float) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "resolved_config.yaml").write_text(f"task:\n  seed: 9\nseed: {seed}\n")
+        metrics = {names.EXPERT_OWNER_AGREEMENT: 0.5, f"{names.VALID_LEVEL_MASS}/logger": 0.9}
+        worlds = {str(w): own + w for w in range(4)}
+        state = {
+            "eval_before": {"reward/mean": own} | metrics,
+            "eval_after": {"reward/mean": own} | metrics,
+            "eval_before_worlds": worlds,
+            "eval_after_worlds": worlds,
+            "eval_before_expert_owner_worlds": {w: r + reference - own for w, r in worlds.items()},
+            "eval_after_expert_owner_worlds": {w: r + reference - own for w, r in worlds.items()},
+        }
+        (folder / "state.json").write_text(json.dumps(state))
+        return folder
+
+    folders = [run_folder(f"a{s}", s, 10.0 + s, 15.0 + s) for s in range(2)]
+    script = Path(__file__).resolve().parents[1] / "scripts" / "market_table.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--arm", *[f"a={f}" for f in folders]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "| a | 0 | 10.0 → 10.0 | 50% → 50%" in out
+    assert "| a | 2 | +5.0 (+5.0 .. +5.0) | +5.0 (+5.0 .. +5.0) | – |" in out

@@ -1,0 +1,96 @@
+"""The bid channel's table from training run folders (their ``state.json``), for runs spread
+over several MLflow stores (worktrees at different commits): per run, the held-out reward and
+the market after SFT and after RL; per arm, the gap between ``expert_owner`` and the arm's own
+rule after RL over its (seed, world) cells; and each arm minus the reference arm after RL.
+
+    python scripts/market_table.py --arm paper=/wt/a/outputs/choice/paper_seed* \\
+        --arm anchored=/wt/b/outputs/choice/anchored_seed* --reference paper
+
+Intervals: 95%, two-way random effects over training seeds x held-out worlds where an arm has
+several seeds (``bidswarm.statistics.paired_difference``), over worlds for one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bidswarm import metric_names as names
+from bidswarm.statistics import paired_difference
+
+AGREE = names.EXPERT_OWNER_AGREEMENT
+
+
+def load(folder: Path) -> tuple[int, dict]:
+    state = json.loads((folder / "state.json").read_text())
+    config = (folder / "resolved_config.yaml").read_text()
+    seed = next(int(line.split(":")[1]) for line in config.splitlines() if line.startswith("seed:"))
+    return seed, state
+
+
+def cells(runs: list[tuple[int, dict]], key: str) -> dict[tuple[int, int], float]:
+    return {(seed, int(w)): r for seed, state in runs for w, r in state[key].items()}
+
+
+def interval(d) -> str:
+    return f"{d.mean:+.1f} ({d.ci_low:+.1f} .. {d.ci_high:+.1f})"
+
+
+def run_row(arm: str, seed: int, state: dict) -> str:
+    before, after = state["eval_before"], state["eval_after"]
+    mass = [v for k, v in after.items() if k.startswith(f"{names.VALID_LEVEL_MASS}/")]
+    gap = paired_difference(state["eval_after_expert_owner_worlds"], state["eval_after_worlds"])
+    regret = after.get(f"{names.REGRET}/mean")
+    return (
+        f"| {arm} | {seed} | {before['reward/mean']:.1f} → {after['reward/mean']:.1f} "
+        f"| {100 * before.get(AGREE, 0):.0f}% → {100 * after.get(AGREE, 0):.0f}% "
+        f"({100 * after.get(f'{AGREE}/on_path', 0):.0f}% / "
+        f"{100 * after.get(f'{AGREE}/off_path', 0):.0f}%) "
+        f"| {min(mass):.2f} | {interval(gap)} | {'–' if regret is None else f'{regret:.1f}'} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arm", action="append", nargs="+", required=True, metavar="NAME=DIR")
+    parser.add_argument("--reference", help="the arm the others are compared with after RL")
+    args = parser.parse_args()
+    arms: dict[str, list[tuple[int, dict]]] = {}
+    for spec in args.arm:
+        name = spec[0].split("=", 1)[0]
+        # NAME=DIR..., or NAME=DIR NAME=DIR ... as a shell's brace expansion writes it
+        folders = [Path(item.removeprefix(f"{name}=")) for item in spec]
+        runs = [load(f) for f in folders if (f / "state.json").is_file()]
+        arms[name] = sorted(r for r in runs if "eval_after" in r[1])
+    print(
+        "| arm | seed | held-out reward SFT → RL | actor = expert's choice SFT → RL "
+        "(on / off its path) | lowest valid bid mass after RL | expert_owner − own after RL "
+        "(95% CI) | regret after RL |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in arms.items():
+        for seed, state in runs:
+            print(run_row(name, seed, state))
+    print()
+    print("| arm | seeds | expert_owner − own after SFT | after RL | arm − reference after RL |")
+    print("|---|---|---|---|---|")
+    reference = arms.get(args.reference, [])
+    for name, runs in arms.items():
+        before = paired_difference(
+            cells(runs, "eval_before_expert_owner_worlds"), cells(runs, "eval_before_worlds")
+        )
+        after = paired_difference(
+            cells(runs, "eval_after_expert_owner_worlds"), cells(runs, "eval_after_worlds")
+        )
+        versus = "–"
+        if reference and name != args.reference:
+            shared = {s for s, _ in runs} & {s for s, _ in reference}
+            mine = {k: v for k, v in cells(runs, "eval_after_worlds").items() if k[0] in shared}
+            theirs = cells(reference, "eval_after_worlds")
+            versus = interval(paired_difference(mine, theirs)) + f" ({len(shared)} seeds)"
+        print(f"| {name} | {len(runs)} | {interval(before)} | {interval(after)} | {versus} |")
+
+
+if __name__ == "__main__":
+    main()
