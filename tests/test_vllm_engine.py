@@ -219,6 +219,8 @@ def test_every_rule_evaluates_through_vllm_with_the_shared_memory_on(full, monol
     population, engine = full
     rule_class = RULES[rule]
     agents = monolithic if rule_class.monolithic else population
+    if rule_class.needs_decider:  # the decider is read on the learner's weights, as the hf engine
+        agents = agents.with_decider(vllm_config())
     config = CraftingConfig(max_decisions=4, memory=MemoryConfig(size=4))
     env = CraftingEnv(config)
     template = PromptTemplate.for_env(env, "compact", agents[0].tokenizer, LEVELS)
