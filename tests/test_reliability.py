@@ -43,6 +43,7 @@ from bidswarm.lit.callbacks import (
     checkpoint_problem,
     resume_checkpoint,
 )
+from bidswarm.lit.memory import release_cached_blocks
 from bidswarm.lit.strategy import ExplainingProcessObserver
 from bidswarm.run.preflight import checked_at_hydra_start, preflight
 from bidswarm.run.resume import ResumeError, check_resume, load_state, method_changes
@@ -358,6 +359,28 @@ def test_a_checkpoint_is_streamed_to_its_file_without_a_copy_in_memory(tmp_path,
     assert isinstance(trainer.strategy.checkpoint_io, StreamedCheckpointIO)
     saved = torch.load(tmp_path / LAST, weights_only=False)
     assert saved["bidswarm_run"]["updates"] == 2 and saved["state_dict"]["weight"].item() == 2.0
+
+
+def resident_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_heap_memory_goes_back_to_the_system_between_phases():
+    """glibc keeps freed heap memory resident (it cannot shrink its heap below a chunk still in
+    use); between phases :func:`release_cached_blocks` on a CPU hands it back."""
+    chunks = [bytearray(64 * 1024) for _ in range(4800)]  # 300 MiB, each under mmap's threshold
+    for chunk in chunks:
+        chunk[::4096] = b"x" * len(chunk[::4096])  # touched: resident
+    last = chunks.pop()  # the heap's top stays in use
+    del chunks
+    before = resident_bytes()
+    release_cached_blocks(torch.device("cpu"))
+    assert before - resident_bytes() > 200 * 2**20
+    assert len(last) == 64 * 1024  # kept alive until here
 
 
 def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_frees_the_partial_one(
