@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 import bidswarm.lit.strategy
+from bidswarm import metric_names as names
 from bidswarm import tracking
 from bidswarm.config import register_configs
 from bidswarm.lit.callbacks import (
@@ -110,12 +111,19 @@ def saved_updates(run_dir: Path) -> int:
         return 0
 
 
+def decided(key: str) -> bool:
+    """Whether the metric ``key`` is decided by the run's randomness and arithmetic: not a
+    timing, nor the share of prompt tokens the engine found cached (a resumed run's engine
+    starts with an empty cache)."""
+    return not key.startswith("time/") and key != names.ENGINE_PREFIX_CACHED_FRAC
+
+
 def trace(run_dir: Path) -> dict:
-    """What a run's randomness and arithmetic decide: every update's metrics (not its timings)
-    and the held-out result after RL."""
+    """What a run's randomness and arithmetic decide: every update's metrics (not its timings
+    or its engine's cache hits, :func:`decided`) and the held-out result after RL."""
     history = torch.load(run_dir / "checkpoints" / LAST, weights_only=False)["bidswarm"]["history"]
     return {
-        "updates": [{k: v for k, v in h.items() if not k.startswith("time/")} for h in history],
+        "updates": [{k: v for k, v in h.items() if decided(k)} for h in history],
         "eval_after": load_state(run_dir)["eval_after"],
     }
 
