@@ -12,21 +12,32 @@ all adapters (the ``hf`` engine's batches across adapters).
 
 The rollout engines are measured side by side on the same decisions (:func:`compare_engines`):
 each round snapshots the envs, and every engine plays the same decision step from the same
-states with the same random stream, each keeping its own state across rounds: ``plain`` (an
-``hf`` engine that computes its prompts' shared prefix anew at every call), ``kept_heads`` (the
-shared prefix's keys and values kept across calls: the ``hf`` default), ``bf16`` (kept heads and
-``model.rollout_dtype=bfloat16``: generation on a bfloat16 copy of the float32 weights, which
-also samples by inverse CDF, another random stream) and, with ``--vllm``, ``vllm`` (vLLM in its
-own process, ``make vllm``; ``--vllm-dtype``). Each reports decisions/s, its ratio to
-``plain``, the share of replies identical to ``plain``'s, the reply tokens it generated per
-decision (the work it did), its warm-up step (a vLLM process's start included) and the gap of
-its log-probs of its own sampled tokens to the learner's; for SmolLM2 and the tiny model (2
-heads: head size 32, what vLLM's CPU attention computes), at each of ``--compare-envs``.
+states with the same random stream, each keeping its own state across rounds. A decision step
+asks the engine as a rollout does: every agent's bids in one call, then every winner's action
+in one call (LoRA agents of one base: one batch across their adapters). ``hf`` variants
+(``--hf-engines``, the first the reference): ``plain`` (computes its prompts' shared prefix
+anew at every call), ``kept_heads`` (the shared prefix's keys and values kept across calls: the
+``hf`` default), ``bf16`` (kept heads and ``model.rollout_dtype=bfloat16``: generation on a
+bfloat16 copy of the float32 weights, which also samples by inverse CDF, another random
+stream), ``bf16_per_agent`` (one call per agent: no batch across LoRA adapters) and
+``bf16_rows<N>`` (batches of at most N rows); vLLM engines (``--vllm``: the schema's settings;
+``--vllm-variants``: one per block size and mode, e.g. ``32-eager 128-compiled``, each its own
+process, ``make vllm``; ``--vllm-dtype``). Each reports decisions/s, its ratio to the
+reference, the share of replies identical to the reference's, the reply tokens it generated
+per decision (the work it did), the share of prompt tokens it did not compute
+(``engine/prefix_cached_frac``), its warm-up step (a vLLM process's start included) and the gap
+of its log-probs of its own sampled tokens to the learner's; for SmolLM2 (``--engine-lora``:
+also LoRA agents on one base) and the tiny model (2 heads: head size 32, what vLLM's CPU
+attention computes), at each of ``--compare-envs``; with ``--new-tokens N`` also with every
+action running to N tokens (no stop token: decode-bound). Then the peak resident memory of
+the bench's process (every ``hf`` variant's agents and copies) and of each vLLM process.
 
     .venv/bin/python scripts/bench_rollout.py                       # default, ~5 min on 2 cores
     .venv/bin/python scripts/bench_rollout.py --tiny-envs 64 --smollm-envs 32 --smollm-rounds 3
     .venv/bin/python scripts/bench_rollout.py --engines-only --threads 1    # SmolLM2 engines
     .venv/bin/python scripts/bench_rollout.py --engines-only --vllm --compare-envs 16 64
+    .venv/bin/python scripts/bench_rollout.py --engines-only --skip-tiny-engines --hf-engines \
+        bf16 --vllm-variants 32-eager 128-eager --compare-envs 16 64 --new-tokens 20
     .venv/bin/python scripts/bench_rollout.py --device cuda --skip-smollm   # + the engine figures
 
 On an accelerator (``--device cuda``) it also measures the rollout engine on a real-shaped model
@@ -83,7 +94,52 @@ HF_ENGINES = {  # name: (model.rollout_dtype, a decoder's kept_prompt_heads)
     "kept_heads": (None, 4),
     "bf16": (torch.bfloat16, 4),
 }
-"""The ``hf`` engine's variants measured side by side (:func:`compare_engines`)."""
+"""The ``hf`` engine's variants measured side by side (:func:`compare_engines`); with
+``--hf-engines`` also ``bf16_per_agent`` (one call per agent: no batch across LoRA adapters)
+and ``bf16_rows<N>`` (each agent's prompts in batches of at most N rows)."""
+
+
+class PerCall(RolloutEngine):
+    """An engine asked one agent at a time, each agent's prompts in batches of at most
+    ``rows`` rows (None: all): what the ``hf`` engine does without one batch across LoRA
+    adapters, or with smaller batches."""
+
+    def __init__(self, engine: RolloutEngine, rows: int | None = None):
+        self.engine, self.rows, self.name = engine, rows, engine.name
+
+    def generate(self, batches, max_new_tokens, temperature, generator):
+        replies = []
+        for batch in batches:
+            rows = self.rows or max(len(batch.prompt_ids), 1)
+            chunks = [
+                PromptBatch(batch.policy, batch.prompt_ids[start : start + rows])
+                for start in range(0, len(batch.prompt_ids), rows)
+            ]
+            replies.append(
+                [
+                    reply
+                    for chunk in chunks
+                    for reply in self.engine.generate(
+                        [chunk], max_new_tokens, temperature, generator
+                    )[0]
+                ]
+            )
+        return replies
+
+    def metrics(self):
+        return self.engine.metrics()
+
+
+def hf_variant(name: str) -> RolloutEngine:
+    """The ``hf`` engine variant ``name`` (:data:`HF_ENGINES`, ``bf16_per_agent``,
+    ``bf16_rows<N>``)."""
+    if name in HF_ENGINES:
+        return hf_engine(*HF_ENGINES[name])
+    if name == "bf16_per_agent":
+        return PerCall(hf_engine(torch.bfloat16, 4))
+    if name.startswith("bf16_rows"):
+        return PerCall(hf_engine(torch.bfloat16, 4), int(name.removeprefix("bf16_rows")))
+    raise SystemExit(f"--hf-engines: no variant {name!r}")
 
 
 def hf_engine(rollout_dtype=None, kept_prompt_heads: int = 4, kv_cache="auto", compiled=False):
@@ -100,17 +156,24 @@ def hf_engine(rollout_dtype=None, kept_prompt_heads: int = 4, kv_cache="auto", c
     return engine
 
 
-def vllm_engine(population: Population, dtype: torch.dtype, max_model_len: int) -> VLLMEngine:
+def vllm_engine(
+    population: Population, dtype: torch.dtype, max_model_len: int, variant: str = "default"
+) -> VLLMEngine:
     """The ``vllm`` engine with the schema's settings (``model.vllm``), on this process's
-    threads."""
+    threads; ``variant``: ``<block size or default>[-eager|-compiled]`` (e.g. ``32-eager``:
+    ``model.vllm.block_size=32``, ``model.vllm.enforce_eager=true``; without a mode, the
+    schema's)."""
     settings = ModelConfig().vllm
     python = vllm_python(settings)
     if python is None:
         raise SystemExit("the vllm engine needs vLLM's environment: run `make vllm`")
+    block, _, mode = variant.partition("-")
+    eager = {"eager": True, "compiled": False, "": settings.enforce_eager}[mode]
+    block_size = settings.block_size if block == "default" else int(block)
     served = 1 if population.is_lora else len(population)
     return VLLMEngine(
         python, dtype, max_model_len, settings.kv_cache_gib, settings.gpu_memory_utilization,
-        settings.enforce_eager, torch.get_num_threads(), settings.start_timeout_s, served, 0,
+        eager, torch.get_num_threads(), settings.start_timeout_s, served, 0, block_size,
     )  # fmt: skip
 
 
@@ -207,12 +270,22 @@ class Bench:
 
     def generate(self, agent: AgentPolicy, prompts: list[str], max_new_tokens: int) -> list:
         """``agent``'s replies to the prompt texts from the bench's engine."""
-        batch = PromptBatch(agent, agent.encode_prompts(prompts))
+        return self.generate_many([agent], [prompts], max_new_tokens)[0]
+
+    def generate_many(
+        self, agents: list[AgentPolicy], prompts: list[list[str]], max_new_tokens: int
+    ) -> list[list]:
+        """Each of ``agents``' replies to its prompt texts, in one call of the bench's engine
+        (as a rollout's decision step asks: ``Swarm.bid_many``, ``Swarm.act_many``)."""
+        batches = [
+            PromptBatch(agent, agent.encode_prompts(texts))
+            for agent, texts in zip(agents, prompts, strict=True)
+        ]
         replies = self.engine.generate(
-            [batch], max_new_tokens, self.cfg.temperature, self.generator
-        )[0]
+            batches, max_new_tokens, self.cfg.temperature, self.generator
+        )
         if self.generations is not None:
-            self.generations.append((agent, replies))
+            self.generations += list(zip(agents, replies, strict=True))
         return replies
 
     def _bids(self, agent: AgentPolicy, envs: list[CraftingEnv], index: int = 0) -> list[float]:
@@ -232,13 +305,38 @@ class Bench:
             self._renew(env)
 
     def batched_step(self, envs: list[CraftingEnv]) -> int:
-        """One decision in every env; each agent generates once for all envs."""
-        bids = [self._bids(agent, envs, index) for index, agent in enumerate(self.population)]
+        """One decision in every env, as a rollout's decision step: every agent's bids for all
+        envs in one call of the engine, then every winner's actions in one call."""
+        agents = list(self.population)
+        bid_prompts = [
+            [self.template.bid(agent.role, env.observation(agent.role)) for env in envs]
+            for agent in agents
+        ]
+        bid_replies = self.generate_many(agents, bid_prompts, self.cfg.max_bid_tokens)
+        bids = []
+        for index, replies in enumerate(bid_replies):
+            self._record("bid", index, list(range(len(envs))), replies)
+            bids.append([parse_bid(reply.text, LEVELS)[0] for reply in replies])
         winners = [max(range(len(bids)), key=lambda a: (bids[a][e], -a)) for e in range(len(envs))]
-        for index, agent in enumerate(self.population):
-            mine = [e for e, winner in enumerate(winners) if winner == index]
-            if mine:
-                self._act(agent, [envs[e] for e in mine], index, mine)
+        actors = [
+            (index, [e for e, winner in enumerate(winners) if winner == index])
+            for index in range(len(agents))
+        ]
+        actors = [(index, mine) for index, mine in actors if mine]
+        action_replies = self.generate_many(
+            [agents[index] for index, _ in actors],
+            [
+                [self.template.action(agents[index].role, envs[e].observation(agents[index].role))
+                 for e in mine]
+                for index, mine in actors
+            ],
+            self.max_action_tokens,
+        )  # fmt: skip
+        for (index, mine), replies in zip(actors, action_replies, strict=True):
+            self._record("act", index, mine, replies)
+            for e, reply in zip(mine, replies, strict=True):
+                envs[e].step(agents[index].role, reply.text)
+                self._renew(envs[e])
         return len(envs)
 
     def naive_step(self, envs: list[CraftingEnv]) -> int:
@@ -291,7 +389,10 @@ def compare_engines(
     replies, keyed by kind, agent and env, equal to the first engine's (equal logits and
     sampler give equal replies). ``logprob_gap_*``: |engine - learner| log-prob per sampled
     token of the engine's own replies. ``start_s``: the engine's warm-up step (a vLLM
-    process's start and its first weights included)."""
+    process's start and its first weights included). ``prefix_cached_frac``: the share of the
+    prompt tokens the engine did not compute (``engine/prefix_cached_frac`` over the rounds).
+    ``new_tokens``: every reply runs to that many tokens (bids to their own budget), no stop
+    token (None: as a rollout)."""
     first = next(iter(engines))
     order = [name for name in engines if name != first] + [first]
     started: dict[str, float] = {}
@@ -300,6 +401,7 @@ def compare_engines(
         start = time.perf_counter()
         bench.batched_step(bench.fresh_envs(2))  # warm-up: allocator, copies, processes
         started[name] = time.perf_counter() - start
+        engines[name].metrics()  # counts from here on
     envs = bench.fresh_envs(n_envs)
     seconds = dict.fromkeys(order, 0.0)
     same = dict.fromkeys(order, 0.0)
@@ -329,6 +431,8 @@ def compare_engines(
     result = {f"{label}/envs": float(n_envs), f"{label}/rounds": float(rounds)}
     for name in order:
         gap = torch.cat(gaps[name])
+        cached = engines[name].metrics().get("engine/prefix_cached_frac", float("nan"))
+        result[f"{label}/{name}_prefix_cached_frac"] = cached
         result |= {
             f"{label}/{name}_decisions_per_s": n_envs * rounds / seconds[name],
             f"{label}/{name}_over_{first}": seconds[first] / seconds[name],
@@ -361,18 +465,19 @@ def learner_gap(generations: list) -> torch.Tensor:
 
 
 def engines_for(
-    bench: Bench, vllm: bool, vllm_dtype: torch.dtype, max_model_len: int
+    bench: Bench,
+    hf: list[str],
+    vllm: list[str],
+    vllm_dtype: torch.dtype,
+    max_model_len: int,
 ) -> dict[str, RolloutEngine]:
-    """The ``hf`` variants (:data:`HF_ENGINES`) and, with ``vllm``, the vLLM engine. LoRA
-    agents have no bfloat16 ``hf`` variant (the ``hf`` engine keeps no reduced copy of an
-    adapted model)."""
-    engines: dict[str, RolloutEngine] = {
-        name: hf_engine(dtype, heads)
-        for name, (dtype, heads) in HF_ENGINES.items()
-        if dtype is None or not bench.population.is_lora
-    }
-    if vllm:
-        engines["vllm"] = vllm_engine(bench.population, vllm_dtype, max_model_len)
+    """The ``hf`` variants named in ``hf`` (:func:`hf_variant`; the first is the reference of
+    the comparison) and a vLLM engine per variant in ``vllm`` (:func:`vllm_engine`), named
+    ``vllm`` for ``default``, else ``vllm_<variant>``."""
+    engines: dict[str, RolloutEngine] = {name: hf_variant(name) for name in hf}
+    for variant in vllm:
+        name = "vllm" if variant == "default" else f"vllm_{variant}".replace("-", "_")
+        engines[name] = vllm_engine(bench.population, vllm_dtype, max_model_len, variant)
     return engines
 
 
@@ -680,6 +785,30 @@ def main() -> None:
     )
     parser.add_argument("--vllm", action="store_true", help="also the vLLM engine (make vllm)")
     parser.add_argument(
+        "--vllm-variants",
+        nargs="*",
+        default=[],
+        help="vLLM engines side by side, each <block size|default>[-eager|-compiled], e.g. "
+        "32-eager 128-eager (implies --vllm; each is a process of its own)",
+    )
+    parser.add_argument(
+        "--hf-engines",
+        nargs="+",
+        default=list(HF_ENGINES),
+        help="hf variants compared, the first the reference: plain kept_heads bf16 "
+        "bf16_per_agent bf16_rows<N>",
+    )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=0,
+        help="also compare the engines with every action running to this many tokens, no stop "
+        "token (decode-bound; 0: not)",
+    )
+    parser.add_argument(
+        "--new-tokens-envs", type=int, nargs="+", default=[16], help="envs of --new-tokens"
+    )
+    parser.add_argument(
         "--engine-models",
         nargs="*",
         default=[],
@@ -704,6 +833,14 @@ def main() -> None:
         "only spin-wait on a shared machine)",
     )
     parser.add_argument("--threads", type=int, default=0, help="torch threads for SmolLM2 (0: all)")
+    parser.add_argument(
+        "--skip-tiny-engines", action="store_true", help="with --vllm: not the tiny model's engines"
+    )
+    parser.add_argument(
+        "--skip-full",
+        action="store_true",
+        help="with --engine-lora: only the LoRA agents' engines, not the full models'",
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument(
         "--shape-model",
@@ -717,6 +854,7 @@ def main() -> None:
         "--memory-bandwidth", type=float, default=4.8e12, help="bytes/s (H200: 4.8e12)"
     )
     args = parser.parse_args()
+    args.vllm = args.vllm or bool(args.vllm_variants)
     default_threads = torch.get_num_threads()
     figures: dict[str, float] = {}
     sections = []
@@ -745,23 +883,49 @@ def main() -> None:
     def engines_of(name: str, heads: int | None = None, lora: bool = False) -> dict[str, float]:
         bench = build_bench(name, args.device, heads, lora)
         cfg = bench.cfg
-        longest = cfg.max_prompt_tokens + max(cfg.max_bid_tokens, bench.max_action_tokens)
-        engines = engines_for(bench, args.vllm, vllm_dtype, longest)
+        longest = cfg.max_prompt_tokens + max(
+            cfg.max_bid_tokens, bench.max_action_tokens, args.new_tokens or 0
+        )
+        vllm_variants = args.vllm_variants or (["default"] if args.vllm else [])
+        # One call per agent is what the hf engine does for agents of their own weights.
+        hf = [n for n in args.hf_engines if lora or n != "bf16_per_agent"]
+        engines = engines_for(bench, hf, vllm_variants, vllm_dtype, longest)
         name = f"{name}_lora" if lora else name
         figures = {f"{name}/engines/threads": float(torch.get_num_threads())}
         try:
             for n_envs in args.compare_envs:
                 label = f"{name}/engines/{n_envs}_envs"
                 figures |= compare_engines(bench, engines, n_envs, args.engine_rounds, label)
+            if args.new_tokens:  # decode-bound: every action runs to new_tokens tokens
+                kept = bench.max_action_tokens, [agent.stop_ids for agent in bench.population]
+                bench.max_action_tokens = args.new_tokens
+                for agent in bench.population:
+                    agent.stop_ids = []
+                try:
+                    for n_envs in args.new_tokens_envs:
+                        label = f"{name}/engines/{n_envs}_envs_{args.new_tokens}_new_tokens"
+                        figures |= compare_engines(
+                            bench, engines, n_envs, args.engine_rounds, label
+                        )
+                finally:
+                    bench.max_action_tokens = kept[0]
+                    for agent, stop_ids in zip(bench.population, kept[1], strict=True):
+                        agent.stop_ids = stop_ids
             figures[f"{name}/engines/peak_memory_gib/trainer"] = peak_memory_gib()
-            if "vllm" in engines:
+            for engine_name, engine in engines.items():
+                if not isinstance(engine, VLLMEngine):
+                    continue
                 figures[f"{name}/engines/vllm_dtype"] = str(vllm_dtype).removeprefix("torch.")
-                memory = peak_memory_gib(engines["vllm"].pid)
-                figures[f"{name}/engines/peak_memory_gib/vllm_process"] = memory
+                memory = peak_memory_gib(engine.pid)
+                figures[f"{name}/engines/peak_memory_gib/{engine_name}_process"] = memory
                 figures |= {
-                    f"{name}/engines/vllm/{key.removeprefix('time/engine_')}": value
-                    for key, value in engines["vllm"].metrics().items()
+                    f"{name}/engines/{engine_name}/{key.removeprefix('time/engine_')}": value
+                    for key, value in engine.metrics().items()
+                    if key.startswith("time/")
                 }
+            for key, value in figures.items():
+                if "peak_memory" in key or key.endswith("_s"):
+                    progress(f"{key}: {value:.4g}")
         finally:
             for engine in engines.values():
                 engine.close()
@@ -776,7 +940,7 @@ def main() -> None:
             tiny,
             lambda: compare_lora_bids("tiny", args.tiny_envs, args.tiny_rounds, args.device),
         ]
-    if args.vllm:
+    if args.vllm and not args.skip_tiny_engines:
         sections.append(tiny_engines)
     if not args.skip_smollm:
 
@@ -793,7 +957,7 @@ def main() -> None:
                     args.smollm_naive_envs,
                     args.device,
                 )
-            return figures | engines_of("smollm2_135m")
+            return figures if args.skip_full else figures | engines_of("smollm2_135m")
 
         sections.append(smollm)
     for model in args.engine_models:  # shapes beside SmolLM2, e.g. llama_1b on a GPU

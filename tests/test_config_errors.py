@@ -19,6 +19,7 @@ from bidswarm.algorithms.credit import CREDIT_RULES
 from bidswarm.config import (
     ConfigError,
     check_machine,
+    machine,
     refuse_misspelled_keys,
     refuse_unknown_choices,
     register_configs,
@@ -90,6 +91,13 @@ INVALID = [
     (["model.prompt_style=chat"], "model.prompt_style", "'chat'", "compact"),
     (["model.source=hub"], "model.path", "None", "source=hub"),
     (["model.torch_threads=0"], "model.torch_threads", "0", ">= 1"),
+    (
+        ["model.engine=vllm", "model.vllm.block_size=40"],
+        "model.vllm.block_size",
+        "40",
+        "multiple of 16",
+    ),
+    (["model.engine=vllm", "model.vllm.block_size=0"], "model.vllm.block_size", "0", "positive"),
     (["model=smollm2_135m", "model.gguf_file=null"], "model.gguf_file", "None", "source=gguf"),
     # coordination and credit
     (
@@ -267,6 +275,15 @@ def test_gpu_trainer_without_cuda_is_refused_by_the_machine_check(trainer):
     cfg = compose_train([f"trainer={trainer}", "rl.grad_clip=0"])  # DeepSpeed: not per agent
     validate(cfg)  # the values are fine; this machine cannot run them
     with pytest.raises(ConfigError, match=r"trainer\.accelerator='gpu': no CUDA device"):
+        check_machine(cfg)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_vllm_block_size_its_cpu_backend_refuses_is_named_by_the_machine_check(monkeypatch):
+    monkeypatch.setattr(machine, "vllm_python", lambda settings: sys.executable)
+    cfg = compose_train(["model.engine=vllm", "model.vllm.block_size=48"])
+    validate(cfg)  # a multiple of 16: a GPU takes it
+    with pytest.raises(ConfigError, match=r"model\.vllm\.block_size=48: a multiple of 32 on a CPU"):
         check_machine(cfg)
 
 

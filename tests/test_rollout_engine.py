@@ -1,6 +1,6 @@
 """The rollout engine: its settings (KV cache, compiled decode step; the decode loop itself is
-tested in test_agents.py, which also runs on the oldest transformers) and the bids of LoRA
-agents generated in one batch across their adapters."""
+tested in test_agents.py, which also runs on the oldest transformers) and the bids and actions
+of LoRA agents generated in one batch across their adapters, each after its own prompt head."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from bidswarm.agents.policy import shared_prefix_length
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.config import ConfigError, register_configs, validate
@@ -18,7 +19,7 @@ from bidswarm.rollout.swarm import Swarm
 from bidswarm.rollout.usage import Usage
 from bidswarm.run.build import build_rollout_loop
 from conftest import CONF, hf_engine
-from test_agents import ROLES, corpus, tiny_config
+from test_agents import OBSERVATIONS, ROLES, corpus, tiny_config
 
 register_configs()
 
@@ -189,3 +190,81 @@ def test_lora_agents_generate_on_one_cast_copy_each_through_its_own_adapter():
     after = engine.score(agents[0], prompt_ids[0], replies, 1.0, None)[0].float()
     assert not torch.allclose(after, before, atol=0.5)
     assert torch.allclose(after, learner(agents[0], 0), atol=0.6)
+
+
+def headed_prompts(swarm: Swarm) -> list[list[list[int]]]:
+    """Per agent, prompts that share a long head of its own (of a length of its own), each
+    after an observation; the third agent's batch is one prompt (no head to share)."""
+    prompts = []
+    for index, agent in enumerate(swarm.population):
+        header = f"{agent.role} bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * (2 + index))
+        observations = OBSERVATIONS if index < 2 else OBSERVATIONS[:1]
+        prompts.append(agent.encode_prompts([f"{header} {obs} ->" for obs in observations]))
+    return prompts
+
+
+@pytest.mark.parametrize("kv_cache", ["dynamic", "static"])
+def test_lora_agents_in_one_batch_share_each_its_own_prompt_head(kv_cache):
+    """One batch across adapters: each agent's rows after its own prompt head (computed once
+    under its adapter, kept across calls), heads of different lengths and a row without one in
+    one cache; the greedy replies of each agent's own loop, and the share of prompt tokens not
+    computed (``engine/prefix_cached_frac``) as its own loop's."""
+    swarm = lora_swarm("lora", temperature=0.0)
+    agents = list(swarm.population)
+    prompts = headed_prompts(swarm)
+    batches = [PromptBatch(agent, ids) for agent, ids in zip(agents, prompts, strict=True)]
+
+    def engine() -> HFEngine:
+        made = HFEngine(kv_cache, False, None)
+        for agent in agents:
+            made.decoder(agent).min_shared_prefix = 8
+        return made
+
+    alone_engine = engine()
+    alone = [alone_engine.generate([batch], 6, 0.0, None)[0] for batch in batches]
+    alone_frac = alone_engine.metrics()["engine/prefix_cached_frac"]
+    together_engine = engine()
+    shapes: list[tuple[int, int]] = []
+    agents[0].model.get_base_model().model.register_forward_hook(
+        lambda module, args, kwargs, output: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    together = together_engine.generate(batches, 6, 0.0, None)
+
+    assert together == alone
+    assert len({g.text for replies in alone for g in replies}) > 2  # the adapters differ
+    heads = [shared_prefix_length(ids) for ids in prompts[:2]]
+    assert heads[0] < heads[1]  # heads of different lengths in one cache
+    assert [g.shared_prefix for g in together[0]] == [heads[0]] * len(prompts[0])
+    assert [g.shared_prefix for g in together[2]] == [0]
+    rows = sum(map(len, prompts))
+    assert shapes[:2] == [(1, heads[0]), (1, heads[1])]  # each head once, one row
+    rests = [len(ids) - heads[a] for a in range(2) for ids in prompts[a]] + [len(prompts[2][0])]
+    assert shapes[2] == (rows, max(rests))  # then every row's rest, in one batch
+    frac = together_engine.metrics()["engine/prefix_cached_frac"]
+    assert frac == pytest.approx(alone_frac)
+    given = sum(len(ids) for agent_prompts in prompts for ids in agent_prompts)
+    assert frac == pytest.approx(1 - (sum(heads) + sum(rests)) / given)
+    shapes.clear()  # again: the heads are kept, only the rows' rest runs
+    assert together_engine.generate(batches, 6, 0.0, None) == alone
+    assert [shape for shape in shapes if shape[0] == 1] == []
+    assert together_engine.metrics()["engine/prefix_cached_frac"] > frac
+    assert together_engine.metrics() == {}  # nothing generated since the last reading
+
+
+def test_actions_of_a_decision_step_go_to_the_engine_in_one_call():
+    """``Swarm.act_many``: LoRA agents' actions in one batch across adapters (greedy: what
+    each acts alone); agents with their own weights sample what they sample one by one."""
+    swarm = lora_swarm("lora", temperature=0.0)
+    alone = [
+        swarm.act(agent, envs, torch.Generator()) for agent, envs in zip(AGENTS, ENVS, strict=True)
+    ]
+    forwards = count_forwards(swarm)
+    assert swarm.act_many(AGENTS, ENVS, torch.Generator()) == alone
+    assert set(forwards) == {sum(len(envs) for envs in ENVS)}  # one decode loop for all
+    full = lora_swarm("full", temperature=1.0)
+    generator = torch.Generator().manual_seed(0)
+    one_by_one = [
+        full.act(agent, envs, generator) for agent, envs in zip(AGENTS, ENVS, strict=True)
+    ]
+    assert full.act_many(AGENTS, ENVS, torch.Generator().manual_seed(0)) == one_by_one

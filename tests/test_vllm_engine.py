@@ -47,7 +47,7 @@ def vllm_config(**overrides) -> ModelConfig:
     )  # fmt: skip
 
 
-def engine_for(population: Population) -> VLLMEngine:
+def engine_for(population: Population, block_size: int | None = None) -> VLLMEngine:
     python = vllm_python(ModelConfig().vllm)
     assert python is not None, "the vllm tier needs vLLM's environment: run `make vllm`"
     settings = ModelConfig().vllm
@@ -55,7 +55,7 @@ def engine_for(population: Population) -> VLLMEngine:
     return VLLMEngine(
         python, torch.float32, MAX_MODEL_LEN, settings.kv_cache_gib,
         settings.gpu_memory_utilization, settings.enforce_eager, 1, settings.start_timeout_s,
-        served, seed=0,
+        served, seed=0, block_size=block_size,
     )  # fmt: skip
 
 
@@ -160,6 +160,33 @@ def test_lora_agents_each_get_their_own_replies_under_a_fresh_name_per_version()
         assert renamed[id(population[0])] == names[id(population[0])]
     finally:
         engine.close()
+
+
+def test_the_prefix_cache_serves_a_shared_prompt_start_in_whole_blocks():
+    """``model.vllm.block_size``: prompts sharing a start of ~70 tokens, asked twice; vLLM's
+    prefix cache serves whole blocks of it, so blocks of 32 tokens serve a share of the prompt
+    tokens (``engine/prefix_cached_frac``) and its CPU default of 128 none."""
+    torch.manual_seed(0)
+    population = Population.build(vllm_config(), ROLES[:1], 1, corpus())
+    agent = population[0]
+    header = "logger bid: " + " ".join(["inventory: 3 oak log, 2 stick."] * 8)
+    prompts = agent.encode_prompts([f"{header} step {n} ->" for n in range(4)])
+    shared = min(len(ids) for ids in prompts) - 4
+    assert 64 < shared < 128
+    found = {}
+    for block_size in (32, None):
+        engine = engine_for(population, block_size)
+        try:
+            replies = [engine.generate([PromptBatch(agent, prompts)], 4, 0.0, None) for _ in "ab"]
+            found[block_size] = engine.metrics()[names.ENGINE_PREFIX_CACHED_FRAC]
+            assert replies[0] == replies[1]
+            assert names.ENGINE_PREFIX_CACHED_FRAC not in engine.metrics()  # read: counted anew
+        finally:
+            engine.close()
+    given = 2 * sum(map(len, prompts))
+    assert found[None] == 0.0
+    # at least the second call's whole blocks of the shared start (64 tokens a prompt)
+    assert found[32] >= 4 * 64 / given
 
 
 def bid_trained(population: Population, template: PromptTemplate, env: CraftingEnv) -> None:

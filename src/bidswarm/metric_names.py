@@ -75,6 +75,12 @@ ENGINE_LOGPROB_GAP_MEAN = "engine/logprob_gap_mean"
 log-probs as it sampled; ``lit/sampler_mismatch.py``)."""
 ENGINE_LOGPROB_GAP_MAX = "engine/logprob_gap_max"
 """The largest |learner - engine| log-prob of a sampled token the update trained on."""
+ENGINE_PREFIX_CACHED_FRAC = "engine/prefix_cached_frac"
+"""[ours] The share of the prompt tokens given to the rollout engine since the update before
+that it did not compute: served from its cache of earlier prompts (vLLM's prefix cache, the
+``hf`` engine's kept prompt heads) or computed once for all the rows of a batch that share
+them (the ``hf`` engine's shared prompt head). What the engine had cached before the update
+(an evaluation on the same weights) counts, so it is a speed figure, not a result."""
 EVAL_BEFORE = "eval_before"
 """Held-out evaluation after SFT, before RL: logged at step 0."""
 EVAL_AFTER = "eval_after"

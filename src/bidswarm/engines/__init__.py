@@ -43,6 +43,7 @@ def make_engine(model_cfg: Any, max_model_len: int, engines: int, seed: int) -> 
         start_timeout_s=settings.start_timeout_s,
         engines=engines,
         seed=seed,
+        block_size=settings.block_size,
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from bidswarm import metric_names as names
 from bidswarm.agents.branching import branch_logprobs
 from bidswarm.agents.models import torch_dtype
 from bidswarm.agents.policy import AgentPolicy
@@ -85,6 +86,28 @@ def weights_version(policy: AgentPolicy) -> tuple[tuple[int, int], ...]:
     return tuple((p.data_ptr(), p._version) for p in policy.trainable_parameters())
 
 
+@dataclass
+class PromptTokens:
+    """Prompt tokens an engine was given and those of them it computed, since the last
+    :meth:`read` (``engine/prefix_cached_frac``: the share it did not compute)."""
+
+    given: int = 0
+    computed: int = 0
+
+    def add(self, given: int, computed: int) -> None:
+        self.given += given
+        self.computed += computed
+
+    def read(self) -> dict[str, float]:
+        """``engine/prefix_cached_frac`` of the prompts since the last reading (nothing when
+        there were none), and a fresh count."""
+        given, computed = self.given, self.computed
+        self.given = self.computed = 0
+        if not given:
+            return {}
+        return {names.ENGINE_PREFIX_CACHED_FRAC: 1.0 - computed / given}
+
+
 class RolloutEngine(abc.ABC):
     """Generates the agents' replies at rollout time (``model.engine``)."""
 
@@ -134,5 +157,6 @@ class RolloutEngine(abc.ABC):
         return None
 
     def metrics(self) -> dict[str, float]:
-        """What the engine measured of itself since it started (``engine/*``); default none."""
+        """What the engine measured of itself (``time/engine_*`` since it started,
+        ``engine/prefix_cached_frac`` since the last call); default none."""
         return {}

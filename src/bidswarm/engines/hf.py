@@ -32,6 +32,7 @@ from bidswarm.agents.policy import (
 from bidswarm.engines.base import (
     Generation,
     PromptBatch,
+    PromptTokens,
     RolloutEngine,
     finished_generations,
     rollout_dtype,
@@ -128,6 +129,8 @@ class HFDecoder:
     once per agent, not once per call; dropped when the weights change.
     stop_check_every: decode steps between checks that every row stopped (None: 1 on CPU, 8
     elsewhere). min_shared_prefix: the shortest prompt head a batch computes once.
+    prompt_tokens: where the prompt tokens given and computed are counted (the engine's
+    :class:`~bidswarm.engines.base.PromptTokens`; None: nowhere).
     """
 
     def __init__(
@@ -137,9 +140,11 @@ class HFDecoder:
         compile_decode: bool,
         rollout_dtype: torch.dtype | None,
         cast_copies: CastCopies | None = None,
+        prompt_tokens: PromptTokens | None = None,
     ):
         self.policy = policy
         self.cast_copies = CastCopies() if cast_copies is None else cast_copies
+        self.prompt_tokens = prompt_tokens
         self.kv_cache = kv_cache
         self.compile_decode = compile_decode
         self.rollout_dtype = rollout_dtype
@@ -204,17 +209,26 @@ class HFDecoder:
         max_new_tokens: int,
         temperature: float,
         generator: torch.Generator | None,
+        groups: Sequence[tuple[HFDecoder, int]] | None = None,
     ) -> list[Generation]:
         """The decode loop of :meth:`generate` on ``model`` (:meth:`rollout_model`);
         ``adapter_names`` routes each row through its own LoRA adapter of the shared peft model
-        (:meth:`HFEngine.generate` for LoRA agents of one base)."""
+        (:meth:`HFEngine.generate` for LoRA agents of one base). ``groups``: consecutive rows
+        of one agent each, as (its decoder, rows), whose prompt heads are its own (None: every
+        row is this decoder's)."""
         device = self.device
         stop = torch.tensor(self.policy.stop_ids, device=device)
         pad_id = self.policy.pad_id
         routing = {} if adapter_names is None else {"adapter_names": adapter_names}
         was_training = model.training
         model.eval()
-        width = max(len(ids) for ids in prompt_ids)
+        heads = self._prompt_heads(model, prompt_ids, groups or [(self, len(prompt_ids))])
+        # The prompts' columns: the longest head, then the suffixes after each row's head.
+        head_width = max(len(head.ids) if head else 0 for head in heads)
+        width = head_width + max(
+            len(ids) - (len(head.ids) if head else 0)
+            for ids, head in zip(prompt_ids, heads, strict=True)
+        )
         static = self.uses_static_cache()
         slots = static_cache_slots(width + max_new_tokens) if static else width + max_new_tokens
         cache = StaticCache(config=model.config, max_cache_len=slots) if static else None
@@ -222,8 +236,8 @@ class HFDecoder:
         # instead of concatenating a new mask. A static cache attends over all its slots, so it
         # sees the whole mask (fixed shape); a dynamic one the columns it holds so far.
         attention_mask = torch.zeros((len(prompt_ids), slots), dtype=torch.long, device=device)
-        out, next_positions, shared_prefix = self._prefill(
-            model, prompt_ids, attention_mask, cache, routing
+        out, next_positions = self._prefill(
+            model, prompt_ids, heads, head_width, attention_mask, cache, routing
         )
         step_forward = self._decode_step_forward(model, static)
         finished = torch.zeros(len(prompt_ids), dtype=torch.bool, device=device)
@@ -262,7 +276,19 @@ class HFDecoder:
         else:
             rows = torch.stack(sampled, dim=1).tolist()
             row_logprobs = torch.stack(logprobs, dim=1).tolist()
-        return finished_generations(self.policy, prompt_ids, rows, row_logprobs, shared_prefix)
+        generations, start = [], 0
+        for decoder, count in groups or [(self, len(prompt_ids))]:
+            part = slice(start, start + count)
+            head = heads[start] if count else None
+            generations += finished_generations(
+                decoder.policy,
+                prompt_ids[part],
+                rows[part],
+                row_logprobs[part],
+                len(head.ids) if head else 0,
+            )
+            start += count
+        return generations
 
     def _decode_step_forward(self, model: PreTrainedModel, static: bool):
         """``model``'s forward for one token per row: compiled with CUDA graphs
@@ -284,45 +310,74 @@ class HFDecoder:
             self._compiled_decode = (model, step_forward)
         return self._compiled_decode[1]
 
+    def _prompt_heads(
+        self,
+        model: PreTrainedModel,
+        prompt_ids: list[list[int]],
+        groups: Sequence[tuple[HFDecoder, int]],
+    ) -> list[PromptHead | None]:
+        """Each row's prompt head (None: none): the prefix shared by the rows of its group
+        (consecutive rows of one agent), computed once for all of them under that agent's
+        weights (its LoRA adapter) from and into its decoder's kept heads
+        (:meth:`_prompt_head`), when the group has two rows or more and shares at least
+        ``min_shared_prefix`` tokens. Counts the prompt tokens given and computed in the
+        engine's :class:`~bidswarm.engines.base.PromptTokens`."""
+        heads: list[PromptHead | None] = []
+        computed, start = 0, 0
+        for decoder, count in groups:
+            rows = prompt_ids[start : start + count]
+            start += count
+            prefix = shared_prefix_length(rows) if count >= 2 else 0
+            if prefix < decoder.min_shared_prefix:
+                heads += [None] * count
+                computed += sum(map(len, rows))
+                continue
+            decoder.policy.use_own_adapter(model)
+            head, head_computed = decoder._prompt_head(model, rows[0][:prefix])
+            heads += [head] * count
+            computed += head_computed + sum(len(ids) - prefix for ids in rows)
+        if self.prompt_tokens is not None:
+            self.prompt_tokens.add(sum(map(len, prompt_ids)), computed)
+        return heads
+
     def _prefill(
         self,
         model: PreTrainedModel,
         prompt_ids: list[list[int]],
+        heads: list[PromptHead | None],
+        head_width: int,
         attention_mask: Tensor,
         cache: StaticCache | None,
         routing: dict[str, list[str]],
     ):
-        """Forward the prompts into a KV cache (``cache``, or a new dynamic one); a long
-        prefix shared by all rows runs once. Writes the prompts' columns of ``attention_mask``
-        [B, slots] (prompts left-padded to the longest) and returns the model output, the
-        position ids [B, 1] of the first reply token and the length of the prefix run once.
+        """Forward the prompts into a KV cache (``cache``, or a new dynamic one). Writes the
+        prompts' columns of ``attention_mask`` [B, slots] and returns the model output and the
+        position ids [B, 1] of the first reply token.
 
         Prompts of one agent share the task and role text (chat templates put it first), so
-        the prefix (the prompt head, :meth:`_prompt_head`) is computed for one row and written
-        into every row of the cache, and only the differing suffixes (left-padded after the
-        prefix) run for every row. Rows routed through different LoRA adapters (``routing``)
-        never share a prefix: its keys and values depend on the adapter.
+        that prefix (the row's prompt head, :meth:`_prompt_heads`) is computed once and its
+        keys and values are written into its rows of the cache, right-aligned in the first
+        ``head_width`` columns (shorter heads, and rows without one, masked before it); only
+        the rows' suffixes after their heads run here, left-padded after those columns. Rows
+        of several LoRA agents (``routing``) each have their own adapter's head.
         """
         pad_id, device = self.policy.pad_id, self.device
-        width = max(len(ids) for ids in prompt_ids)
-        prefix = shared_prefix_length(prompt_ids)
-        if len(prompt_ids) < 2 or prefix < self.min_shared_prefix or routing:
-            input_ids, prompt_mask = left_pad(prompt_ids, pad_id, device)
-            head_length = 0
-        else:
-            head = self._prompt_head(model, prompt_ids[0][:prefix])
+        lengths = [len(head.ids) if head else 0 for head in heads]
+        if head_width:
             cache = DynamicCache(config=model.config) if cache is None else cache
-            rows = (len(prompt_ids), -1, -1, -1)
-            for index, (keys, values) in enumerate(zip(head.keys, head.values, strict=True)):
-                # The cache's own update copies the row into every row (a static cache
-                # allocates itself at the batch size here).
-                cache.update(keys.expand(rows), values.expand(rows), index)
-            input_ids, prompt_mask = left_pad([ids[prefix:] for ids in prompt_ids], pad_id, device)
-            head_length = prefix
-        attention_mask[:, :head_length] = 1
-        attention_mask[:, head_length:width] = prompt_mask
+            for index, (keys, values) in enumerate(head_columns(heads, head_width)):
+                # The cache's own update writes them (a static cache allocates itself at the
+                # batch size here).
+                cache.update(keys, values, index)
+            for row, length in enumerate(lengths):
+                attention_mask[row, head_width - length : head_width] = 1
+        suffixes = [ids[length:] for ids, length in zip(prompt_ids, lengths, strict=True)]
+        input_ids, prompt_mask = left_pad(suffixes, pad_id, device)
+        width = head_width + input_ids.shape[1]
+        attention_mask[:, head_width:width] = prompt_mask
         static = isinstance(cache, StaticCache)
-        position_ids = head_length + positions_from_mask(prompt_mask)
+        position_ids = positions_from_mask(prompt_mask)
+        position_ids = position_ids + torch.tensor(lengths, device=device)[:, None]
         out = model(
             input_ids=input_ids,
             attention_mask=attention_mask if static else attention_mask[:, :width],
@@ -332,7 +387,7 @@ class HFDecoder:
             logits_to_keep=self._logits_to_keep(model, input_ids.shape[1], 1),
             **routing,
         )
-        return out, position_ids[:, -1:] + 1, head_length
+        return out, position_ids[:, -1:] + 1
 
     def _logits_to_keep(self, model: PreTrainedModel, width: int, keep: int) -> int | Tensor:
         """The ``logits_to_keep`` of a forward of ``width`` positions whose last ``keep`` logits
@@ -340,16 +395,48 @@ class HFDecoder:
         says why); on the weights themselves the plain count."""
         return self.policy.logits_to_keep(model, width, keep)
 
-    def _prompt_head(self, model: PreTrainedModel, ids: list[int]) -> PromptHead:
+    def _prompt_head(self, model: PreTrainedModel, ids: list[int]) -> tuple[PromptHead, int]:
         """The keys and values of the prompt head ``ids`` under ``model``, from and into this
-        decoder's kept heads (:func:`~bidswarm.engines.prompt_heads.prompt_head`)."""
+        decoder's kept heads, and the tokens computed for it
+        (:func:`~bidswarm.engines.prompt_heads.prompt_head`)."""
         return prompt_head(model, ids, self._rollout.heads, self.kept_prompt_heads)
+
+
+def head_columns(heads: Sequence[PromptHead | None], width: int) -> list[tuple[Tensor, Tensor]]:
+    """Per layer, the keys and values [rows, kv heads, ``width``, head dim] of each row's
+    prompt head right-aligned in ``width`` columns (rows of one head: one expanded view; one
+    head for every row is not copied). The columns before a shorter head (all of them for a
+    row without one) are masked; they hold ones, not zeros: some transformers releases count
+    a static cache's filled slots as the non-zero keys of its first row."""
+    runs: list[tuple[PromptHead | None, int]] = []
+    for head in heads:
+        if runs and runs[-1][0] is head:
+            runs[-1] = (head, runs[-1][1] + 1)
+        else:
+            runs.append((head, 1))
+    first = next(head for head in heads if head is not None)
+    layers = []
+    for index in range(len(first.keys)):
+        pair = []
+        for like, kind in ((first.keys[index], "keys"), (first.values[index], "values")):
+            pieces = []
+            for head, count in runs:
+                tensor = None if head is None else getattr(head, kind)[index]
+                length = 0 if tensor is None else tensor.shape[2]
+                if length < width:
+                    filler = like.new_ones((1, like.shape[1], width - length, like.shape[3]))
+                    tensor = filler if tensor is None else torch.cat([filler, tensor], dim=2)
+                pieces.append(tensor.expand(count, -1, -1, -1))
+            pair.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0))
+        layers.append((pair[0], pair[1]))
+    return layers
 
 
 class HFEngine(RolloutEngine):
     """``model.engine=hf``: one :class:`HFDecoder` per agent, made at its first call; the
     settings are :class:`HFDecoder`'s. LoRA agents of one shared peft model asked together
-    generate in one batch across their adapters (:meth:`generate`)."""
+    generate in one batch across their adapters (:meth:`generate`), each agent's rows after
+    its own prompt head. :meth:`metrics`: ``engine/prefix_cached_frac``."""
 
     name = "hf"
 
@@ -361,6 +448,7 @@ class HFEngine(RolloutEngine):
             weakref.WeakKeyDictionary()
         )
         self._cast_copies = CastCopies()
+        self._prompt_tokens = PromptTokens()
 
     @classmethod
     def from_config(cls, model_cfg) -> HFEngine:
@@ -373,7 +461,12 @@ class HFEngine(RolloutEngine):
         found = self._decoders.get(policy)
         if found is None:
             found = HFDecoder(
-                policy, self.kv_cache, self.compile_decode, self.rollout_dtype, self._cast_copies
+                policy,
+                self.kv_cache,
+                self.compile_decode,
+                self.rollout_dtype,
+                self._cast_copies,
+                self._prompt_tokens,
             )
             self._decoders[policy] = found
         return found
@@ -387,8 +480,9 @@ class HFEngine(RolloutEngine):
     ) -> list[list[Generation]]:
         """Each batch in its agent's decode loop, in order; LoRA agents of one shared model
         (two or more batches) in one batch across their adapters (peft's mixed-adapter batches:
-        ``adapter_names`` per row), one decode loop for the whole population. Greedy replies are
-        those of each agent's own loop; sampled ones are drawn in another order (one draw for
+        ``adapter_names`` per row), one decode loop for the whole population; each agent's rows
+        share its own prompt head, as in its own loop. Greedy replies are those of each agent's
+        own loop (up to float rounding); sampled ones are drawn in another order (one draw for
         all agents' rows per token): for the same ``generator`` they differ from the per-agent
         calls' replies, and are as reproducible."""
         policies = [batch.policy for batch in batches]
@@ -413,15 +507,25 @@ class HFEngine(RolloutEngine):
         if not rows:
             return [[] for _ in batches]
         names = [batch.policy.adapter for batch in batches for _ in batch.prompt_ids]
-        first = self.decoder(batches[0].policy)
+        groups = [(self.decoder(batch.policy), len(batch.prompt_ids)) for batch in batches]
+        first = groups[0][0]
+        model = first.rollout_model()
+        for decoder, _ in groups[1:]:  # one copy for all; each decoder drops its stale heads
+            decoder.rollout_model()
         generations = first.decode(
-            first.rollout_model(), rows, names, max_new_tokens, temperature, generator
+            model, rows, names, max_new_tokens, temperature, generator, groups
         )
         replies, start = [], 0
         for batch in batches:
             replies.append(generations[start : start + len(batch.prompt_ids)])
             start += len(batch.prompt_ids)
         return replies
+
+    def metrics(self) -> dict[str, float]:
+        """``engine/prefix_cached_frac`` since the last call: the share of the prompt tokens
+        its decoders were given that a kept prompt head held or a batch's shared prompt head
+        computed once for all its rows."""
+        return self._prompt_tokens.read()
 
     def score(
         self,

@@ -43,13 +43,14 @@ class PromptHead:
 
 def prompt_head(
     model: PreTrainedModel, ids: list[int], heads: list[PromptHead], keep: int
-) -> PromptHead:
-    """The keys and values of the prompt head ``ids`` under ``model``: cut from a kept head
-    (``heads``, most recent first) that starts with all of ``ids``; else the kept head with the
-    longest common start, extended by a forward of the rest of ``ids`` over its keys and
-    values; else one forward of ``ids``. Equal, up to float rounding, to one forward of
-    ``ids``: a token's keys and values depend on the tokens before it only. The head goes
-    first into ``heads``, which keeps at most ``keep``; a kept head it extends is dropped."""
+) -> tuple[PromptHead, int]:
+    """The keys and values of the prompt head ``ids`` under ``model``, and how many of its
+    tokens were computed (the rest came from a kept head): cut from a kept head (``heads``,
+    most recent first) that starts with all of ``ids``; else the kept head with the longest
+    common start, extended by a forward of the rest of ``ids`` over its keys and values; else
+    one forward of ``ids``. Equal, up to float rounding, to one forward of ``ids``: a token's
+    keys and values depend on the tokens before it only. The head goes first into ``heads``,
+    which keeps at most ``keep``; a kept head it extends is dropped."""
     device = next(model.parameters()).device
     best, common = None, 0
     for kept in heads:
@@ -59,6 +60,7 @@ def prompt_head(
     if best is not None and common == len(ids):
         head = best
         result = best.cut(common)
+        rest = 0
     else:
         cache = DynamicCache(config=model.config)
         if best is not None:  # the kept head's common start (common > 0)
@@ -84,4 +86,4 @@ def prompt_head(
             kept for kept in heads if kept is not head and kept.ids != head.ids[: len(kept.ids)]
         ]
         del heads[keep:]
-    return result
+    return result, rest

@@ -45,6 +45,7 @@ from bidswarm.engines import vllm_server
 from bidswarm.engines.base import (
     Generation,
     PromptBatch,
+    PromptTokens,
     RolloutEngine,
     finished_generations,
     weights_version,
@@ -83,7 +84,8 @@ class VLLMEngine(RolloutEngine):
     gpu_memory_utilization: the share of a GPU all of this process's engines may take
     (split evenly among the engines expected, ``engines``). enforce_eager: no compiled graphs
     (faster start, slower decoding). threads: CPU threads of the engine process (None: its own
-    choice). start_timeout_s: the longest wait for the process to get ready.
+    choice). start_timeout_s: the longest wait for the process to get ready. block_size: tokens
+    per KV cache block, the unit of prefix caching (None: vLLM's own).
     """
 
     name = "vllm"
@@ -100,8 +102,10 @@ class VLLMEngine(RolloutEngine):
         start_timeout_s: float,
         engines: int,
         seed: int,
+        block_size: int | None = None,
     ):
         self.python = python
+        self.block_size = block_size
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
@@ -119,6 +123,7 @@ class VLLMEngine(RolloutEngine):
         self._seconds = {"start": 0.0, "load": 0.0, "sync": 0.0}
         self._loads = 0
         self._finalizer = None
+        self._prompt_tokens = PromptTokens()
 
     # -- the process ---------------------------------------------------------------------------
     @property
@@ -237,6 +242,8 @@ class VLLMEngine(RolloutEngine):
             "enforce_eager": self.enforce_eager,
             "generation_config": "vllm",  # vLLM's sampling defaults, not the model's
         }
+        if self.block_size is not None:
+            options["block_size"] = self.block_size
         if torch.cuda.is_available():
             options["gpu_memory_utilization"] = self.gpu_memory_utilization / self.expected_engines
         else:
@@ -323,7 +330,8 @@ class VLLMEngine(RolloutEngine):
     ) -> list[list[Generation]]:
         """The batches of agents served by one engine go as one request (LoRA agents of one
         base: one batch across their adapters); each prompt's seed is drawn from
-        ``generator``, in the order of the batches' rows."""
+        ``generator``, in the order of the batches' rows. Agents without stop tokens
+        (``stop_ids`` empty) generate ``max_new_tokens`` tokens, end of sequence included."""
         rows = sum(len(batch.prompt_ids) for batch in batches)
         seeds: list[int | None] = [None] * rows
         if generator is not None and rows:
@@ -359,6 +367,9 @@ class VLLMEngine(RolloutEngine):
                 temperature=temperature,
                 stop=batches[members[0]].policy.stop_ids,
             )["replies"]
+            given = sum(map(len, prompts))
+            cached = sum(reply["cached"] for reply in answer)
+            self._prompt_tokens.add(given, given - cached)
             start = 0
             for i in members:
                 batch = batches[i]
@@ -377,8 +388,10 @@ class VLLMEngine(RolloutEngine):
         ``time/``, with the timings, not reproducible figures): ``time/engine_start_s`` (until
         it listens), ``time/engine_weight_loads``, ``time/engine_sync_s`` (writing the weights,
         the engine loading them and resetting its prefix cache) and of that
-        ``time/engine_load_s`` (inside the engine process)."""
-        return {
+        ``time/engine_load_s`` (inside the engine process); and since the last call
+        ``engine/prefix_cached_frac``, the share of the prompt tokens vLLM's prefix cache
+        served (``model.vllm.block_size`` sets its unit)."""
+        return self._prompt_tokens.read() | {
             names.ENGINE_START_S: self._seconds["start"],
             names.ENGINE_WEIGHT_LOADS: float(self._loads),
             names.ENGINE_SYNC_S: self._seconds["sync"],

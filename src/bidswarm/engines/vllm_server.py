@@ -16,6 +16,7 @@ dict of plain values and every reply is ``{"ok": True, ...}`` or
 - ``load_weights``: a safetensors file into an engine, in place (vLLM's ``reload_weights``),
   then its prefix cache reset: cached keys and values of the old weights are never reused;
 - ``generate``: token-id prompts, each with its seed and LoRA adapter (name, id, folder);
+  each reply says how many of its prompt's tokens the prefix cache served;
 - ``remove_loras``: adapters no longer served (a LoRA agent's older versions);
 - ``shutdown``.
 
@@ -90,7 +91,7 @@ class Server:
                 seed=seed,
                 logprobs=0,  # the sampled token's own
                 stop_token_ids=stop,
-                ignore_eos=False,
+                ignore_eos=not stop,  # no stop tokens: every reply runs to max_tokens
                 detokenize=False,
             )
             for seed in seeds
@@ -111,7 +112,8 @@ class Server:
             logprobs = [
                 step[token].logprob for step, token in zip(completion.logprobs, tokens, strict=True)
             ]
-            replies.append({"tokens": tokens, "logprobs": logprobs})
+            cached = output.num_cached_tokens or 0  # prompt tokens its prefix cache served
+            replies.append({"tokens": tokens, "logprobs": logprobs, "cached": cached})
         return {"replies": replies}
 
     def remove_loras(self, engine: str, ids: list[int]) -> dict:

@@ -245,19 +245,25 @@ class RolloutLoop:
         generator: torch.Generator,
         scoring: str,
     ) -> tuple[list[list[Reply | None]], list[tuple[tuple[float, ...], ...]]]:
-        """Every present agent's proposed action in every env (``present[env]``; one batch per
-        agent), and per env the scores ``[scorer][proposer]`` of every proposal by every other
-        present agent (one scoring batch per scorer; a lone agent scores its own): the mean
-        token log-prob under the scorer's action prompt, or with ``scoring``
-        :data:`USEFULNESS` the scorer's usefulness level (:class:`DecisionReader`)."""
+        """Every present agent's proposed action in every env (``present[env]``; one call of
+        the engine, :meth:`Swarm.act_many`), and per env the scores ``[scorer][proposer]`` of
+        every proposal by every other present agent (one scoring batch per scorer; a lone agent
+        scores its own): the mean token log-prob under the scorer's action prompt, or with
+        ``scoring`` :data:`USEFULNESS` the scorer's usefulness level (:class:`DecisionReader`)."""
         n = self.swarm.n_agents
         proposals: list[list[Reply | None]] = [[None] * n for _ in envs]
-        for agent in range(n):
-            positions = [e for e in range(len(envs)) if agent in present[e]]
-            if positions:
-                replies = self.swarm.act(agent, [envs[e] for e in positions], generator)
-                for e, reply in zip(positions, replies, strict=True):
-                    proposals[e][agent] = reply
+        wanted = [
+            (agent, [e for e in range(len(envs)) if agent in present[e]]) for agent in range(n)
+        ]
+        wanted = [(agent, positions) for agent, positions in wanted if positions]
+        replies = self.swarm.act_many(
+            [agent for agent, _ in wanted],
+            [[envs[e] for e in positions] for _, positions in wanted],
+            generator,
+        )
+        for (agent, positions), agent_replies in zip(wanted, replies, strict=True):
+            for e, reply in zip(positions, agent_replies, strict=True):
+                proposals[e][agent] = reply
         if scoring == USEFULNESS:
             return proposals, self.decisions.usefulness(envs, present, proposals)
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
@@ -290,16 +296,22 @@ class RolloutLoop:
         actions: list[Reply | None],
         generator: torch.Generator,
     ) -> None:
-        """Fill in each actor's missing action, one generation batch per acting agent."""
+        """Fill in each actor's missing action: every acting agent's in one call of the engine
+        (:meth:`Swarm.act_many`: one generation batch per agent, or one for all LoRA agents)."""
         missing = [
             (d.actor, pos)
             for pos, (d, action) in enumerate(zip(decisions, actions, strict=True))
             if d.actor is not None and action is None
         ]
-        for agent, requests in group_by(missing, lambda request: request[0]):
-            positions = [pos for _, pos in requests]
-            replies = self.swarm.act(agent, [envs[pos] for pos in positions], generator)
-            for pos, reply in zip(positions, replies, strict=True):
+        groups = group_by(missing, lambda request: request[0])
+        positions = [[pos for _, pos in requests] for _, requests in groups]
+        replies = self.swarm.act_many(
+            [agent for agent, _ in groups],
+            [[envs[pos] for pos in agent_positions] for agent_positions in positions],
+            generator,
+        )
+        for agent_positions, agent_replies in zip(positions, replies, strict=True):
+            for pos, reply in zip(agent_positions, agent_replies, strict=True):
                 actions[pos] = reply
 
     # -- the experts' view (what the market's health is measured against) ---------------------

@@ -3,10 +3,10 @@
 Every call is batched per agent over many environments and asks the run's rollout engine
 (``bidswarm.engines``, ``model.engine``) for the replies; bids of several agents go to the
 engine in one call (:meth:`Swarm.bid_many`: LoRA agents of one base in one batch across their
-adapters). Scoring (Graph-of-Agents' peer scores, the forks' draws below the runner-up) runs
-on the engine's scoring model in forwards of at most ``token_budget`` tokens. Every call counts
-the tokens it processed in the swarm's :class:`~bidswarm.rollout.usage.Usage`
-(docs/method.md section 5).
+adapters), and so do the actions of a decision step (:meth:`Swarm.act_many`). Scoring
+(Graph-of-Agents' peer scores, the forks' draws below the runner-up) runs on the engine's
+scoring model in forwards of at most ``token_budget`` tokens. Every call counts the tokens it
+processed in the swarm's :class:`~bidswarm.rollout.usage.Usage` (docs/method.md section 5).
 """
 
 from __future__ import annotations
@@ -301,6 +301,19 @@ class Swarm:
         return self._generate(
             self.population, [agent], [prompts], self.max_action_tokens, generator
         )[0]
+
+    def act_many(
+        self, agents: list[int], envs: list[list[TextEnv]], generator: torch.Generator
+    ) -> list[list[Reply]]:
+        """Each ``agents[i]``'s action reply in each of ``envs[i]``, in one call of the engine
+        (LoRA agents of one base: one batch across their adapters; for the same ``generator``
+        their sampled replies differ from :meth:`act`'s one by one; agents with their own
+        weights sample what :meth:`act` samples one by one, in this order)."""
+        prompts = [
+            self._action_prompts(agent, agent_envs)
+            for agent, agent_envs in zip(agents, envs, strict=True)
+        ]
+        return self._generate(self.population, agents, prompts, self.max_action_tokens, generator)
 
     def _action_prompts(self, agent: int, envs: list[TextEnv]) -> list[str]:
         """``agent``'s action prompt in each env."""
