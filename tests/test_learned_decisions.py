@@ -40,7 +40,7 @@ from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode
 from bidswarm.rollout.swarm import Swarm
 from bidswarm.run.decision_demonstrations import decision_demonstrations, with_learned_decisions
-from bidswarm.run.relabel_decisions import RELABEL_DECISIONS, relabel_decisions
+from bidswarm.run.relabel import RELABEL_DECISIONS, relabel_decisions
 from conftest import hf_engine
 from test_coordination import LEVELS, envs_at, seeded, task
 
@@ -355,7 +355,7 @@ def test_relabel_rounds_train_the_decider_on_the_experts_owner_where_the_swarm_g
 
 
 def test_each_decision_demonstration_labels_the_model_that_learns_it():
-    from bidswarm.run.relabel_decisions import demonstration_labels
+    from bidswarm.run.relabel import demonstration_labels
 
     population, prompts, demos = sft_swarm(Router())
     labels = demonstration_labels(population, demos, prompts)

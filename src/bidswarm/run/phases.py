@@ -46,8 +46,7 @@ from bidswarm.run.build import build_population, build_rollout_loop
 from bidswarm.run.demonstrations import demonstration_worlds, start_demonstrations
 from bidswarm.run.recording import RunLogger, make_logger
 from bidswarm.run.references import play_references, record_references
-from bidswarm.run.relabel import RELABEL, relabel_bids
-from bidswarm.run.relabel_decisions import RELABEL_DECISIONS, relabel_run_decisions
+from bidswarm.run.relabel import RELABEL, RELABEL_DECISIONS, relabel_bids, relabel_run_decisions
 from bidswarm.run.resume import load_state, run_folder, write_atomically
 
 

@@ -1,32 +1,65 @@
-"""[ours] Bid labels where the swarm goes, in the cold start (``bids.relabel_rounds``).
+"""[ours] Labels where the swarm goes, in the cold start: DAgger rounds over the bids
+(``bids.relabel_rounds``) and over a rule's learned decisions (``coordination.relabel_rounds``).
 
-The SFT bid demonstrations cover only the states of the experts' own play: after one actor the
-expert would not have picked, the bids meet states nobody labelled. Each round plays the
-swarm after SFT on the demonstration worlds under its own rule, labels every bidder's bid
-prompt at every state with the task expert's bid for its role (``expert_bid`` reads any state),
-and fine-tunes each agent for one epoch on the aggregate: the new labels together with its own
-SFT demonstrations, bids and actions (DAgger, Ross et al. 2011, with the expert's bids as the
-labels). Without the demonstrations in the mix the bid labels, which share the weights with the
-actions, wash the actions out. Its rollouts and trained tokens count in the SFT budget.
+The SFT demonstrations cover only the states of the experts' own play: after one actor the
+expert would not have picked, the bids and decisions meet states nobody labelled. Each round
+plays the swarm after SFT on the demonstration worlds under its own rule and keeps every prompt
+a model answered there with the task expert's answer in that state (``expert_bid`` and the
+expert's owner read any state):
+
+- bids: every bidder's bid prompt, labelled with the expert's bid for its role;
+- decisions (``DecisionReader.labelling``): every route prompt, labelled with the owner's role,
+  and every peer's score of a proposal the swarm really made, labelled with the top level for
+  the owner's proposal and the lowest for any other.
+
+Then each model fine-tunes for one epoch (AdamW, one optimizer per model across the rounds) on
+the aggregate: every round's labels so far, then its own SFT demonstrations of those kinds
+(DAgger, Ross et al. 2011, with the expert as the labeller). The demonstrations keep the
+balance the rounds' own states lack: without the actions in the mix the bid labels, which share
+the weights with the actions, wash the actions out; on one round's labels alone the main job's
+decider followed that round's majority, whoever a stuck swarm's states belong to (all logger
+after one round, all smith after two). Models are trained in the population's order (agents,
+then the decider). The rounds' rollouts and trained tokens count in the SFT budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
+from omegaconf import DictConfig
 
 from bidswarm import metric_names as names
+from bidswarm.agents.policy import AgentPolicy
+from bidswarm.agents.population import Population
+from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.coordination.base import DECIDER_NAME
+from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.bid_targets import bid_anchor_loss
 from bidswarm.rollout.batches import BidLabelBatch, bid_label_batches
+from bidswarm.rollout.decisions import DecisionLabel
 from bidswarm.rollout.keyed import seeded_randomness
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics
-from bidswarm.rollout.swarm import Swarm
+from bidswarm.rollout.records import Episode
+from bidswarm.run.demonstrations import demonstration_worlds
 
 RELABEL = "sft/relabel"
-"""``sft/relabel/<round>/agreement``: the swarm's agreement with the expert's choice in the
-round's episodes, before that round's training; ``sft/relabel/flops``: what the rounds spent
-(also in ``sft/flops``)."""
+"""The bids' rounds: ``sft/relabel/<round>/agreement`` (the swarm's agreement with the
+expert's choice in the round's episodes, before that round's training), ``/<round>/labels``
+(the prompts it labelled), ``sft/relabel/flops`` (what the rounds spent, also in
+``sft/flops``)."""
+RELABEL_DECISIONS = "sft/decision_relabel"
+"""The decisions' rounds, with the same metrics as :data:`RELABEL`."""
+
+BID_KINDS = ("bid", "action")
+"""The demonstrations the bids' rounds train on beside their labels."""
+DECISION_KINDS = ("score", "route")
+"""The demonstrations the decisions' rounds train on beside their labels."""
+
+LabelsOf = Callable[[RolloutLoop, list[Episode], list[DecisionLabel]], list[DecisionLabel]]
+"""A round's labels from its episodes and the decision prompts the reader kept while playing."""
 
 
 def relabel_bids(
@@ -39,70 +72,196 @@ def relabel_bids(
     token_budget: int | None,
     seed: int,
 ) -> dict[str, float]:
-    """``rounds`` rounds of playing ``seeds`` with ``loop`` and fine-tuning each agent on the
-    expert's labels at every bid prompt of the episodes together with its own
-    ``demonstrations`` (AdamW at ``lr``, batches of ``batch_size`` rows in a seeded order, one
-    epoch); returns the rounds' metrics."""
+    """``rounds`` DAgger rounds over the bids on ``seeds``, beside each agent's own bid and
+    action ``demonstrations`` (metrics: :data:`RELABEL`)."""
     swarm = loop.swarm
-    population = swarm.bid_population
-    device = next(population.parameters()).device
-    optimizers = {
-        agent: torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
-        for agent, policy in enumerate(population.agents)
-    }
-    metrics: dict[str, float] = {}
-    with swarm.separate_usage() as usage:
-        for round_ in range(rounds):
-            rng, generator = seeded_randomness(f"relabel/{seed}/{round_}", device)
-            episodes = loop.run(seeds, rng, generator)
-            health = market_metrics(episodes, swarm.roles)
-            metrics[f"{RELABEL}/{round_}/agreement"] = health.get(
-                names.EXPERT_OWNER_AGREEMENT, float("nan")
-            )
-            shuffle = torch.Generator().manual_seed(rng.randrange(2**62))
-            for labels in bid_label_batches(episodes, swarm.roles, swarm.level_reply_ids, 10**9):
-                batch = _with_demonstrations(swarm, labels, demonstrations)
-                order = torch.randperm(len(batch.prompt_ids), generator=shuffle)
-                _train_epoch(swarm, batch, order, optimizers[batch.agent], batch_size, token_budget)
-    population.eval()
-    metrics[f"{RELABEL}/flops"] = usage.rollout_flops + usage.train_flops
-    return metrics
-
-
-def _with_demonstrations(
-    swarm: Swarm, labels: BidLabelBatch, demonstrations: list[Demonstration]
-) -> BidLabelBatch:
-    """``labels`` with the agent's own role's demonstrations (bids and actions) added, as the
-    SFT cold start writes them."""
-    policy = swarm.bid_population.agents[labels.agent]
-    own = [d for d in demonstrations if d.role == policy.role]
-    if not own:
-        return labels
-    build = {"bid": swarm.prompts.bid, "action": swarm.prompts.action}
-    prompts = policy.encode_prompts([build[d.kind](d.role, d.observation) for d in own])
-    replies = [policy.encode_reply(swarm.prompts.reply_text(d.reply)) for d in own]
-    return BidLabelBatch(
-        labels.agent, [*labels.prompt_ids, *prompts], [*labels.reply_ids, *replies]
+    start = demonstration_labels(swarm.bid_population, demonstrations, swarm.prompts, BID_KINDS)
+    return dagger_rounds(
+        loop, seeds, rounds, lr, batch_size, token_budget, seed, RELABEL, bid_labels, start
     )
 
 
-def _train_epoch(
-    swarm: Swarm,
-    batch: BidLabelBatch,
-    order: torch.Tensor,
+def relabel_decisions(
+    loop: RolloutLoop,
+    seeds: list[int],
+    rounds: int,
+    lr: float,
+    batch_size: int,
+    token_budget: int | None,
+    seed: int,
+    start: list[DecisionLabel] | None = None,
+) -> dict[str, float]:
+    """``rounds`` DAgger rounds over the rule's learned decisions on ``seeds``, beside ``start``
+    (the decision demonstrations as labels; metrics: :data:`RELABEL_DECISIONS`)."""
+    return dagger_rounds(
+        loop,
+        seeds,
+        rounds,
+        lr,
+        batch_size,
+        token_budget,
+        seed,
+        RELABEL_DECISIONS,
+        read_labels,
+        start or [],
+    )
+
+
+def relabel_run_decisions(
+    loop: RolloutLoop, env: TextEnv, cfg: DictConfig, demonstrations: list[Demonstration]
+) -> dict[str, float]:
+    """A run's ``coordination.relabel_rounds`` on its demonstration worlds, from its decision
+    demonstrations among ``demonstrations``, at its SFT learning rate and batch size."""
+    sft = cfg.sft
+    swarm = loop.swarm
+    start = demonstration_labels(swarm.population, demonstrations, swarm.prompts, DECISION_KINDS)
+    return relabel_decisions(
+        loop,
+        demonstration_worlds(env, cfg),
+        cfg.coordination.relabel_rounds,
+        sft.lr,
+        sft.batch_size,
+        sft.micro_batch_tokens,
+        cfg.seed,
+        start,
+    )
+
+
+def demonstration_labels(
+    population: Population,
+    demonstrations: list[Demonstration],
+    prompts: PromptTemplate,
+    kinds: Sequence[str] = DECISION_KINDS,
+) -> list[DecisionLabel]:
+    """The demonstrations of ``kinds`` as labels of the models that learn each: the agents of
+    its role, or the decider."""
+    labels = []
+    for demo in (d for d in demonstrations if d.kind in kinds):
+        if demo.role == DECIDER_NAME:
+            policies = [] if population.decider is None else [population.decider]
+        else:
+            policies = [population.agents[a] for a in population.agents_of(demo.role)]
+        for policy in policies:
+            prompt_ids = policy.encode_prompts([prompts.prompt_of(demo)])[0]
+            reply_ids = policy.encode_reply(prompts.reply_text(demo.reply))
+            labels.append(DecisionLabel(policy, prompt_ids, reply_ids))
+    return labels
+
+
+def bid_labels(
+    loop: RolloutLoop, episodes: list[Episode], _: list[DecisionLabel]
+) -> list[DecisionLabel]:
+    """Every bid prompt of ``episodes`` with the expert's bid for the bidder's role there."""
+    swarm = loop.swarm
+    agents = swarm.bid_population.agents
+    return [
+        DecisionLabel(agents[batch.agent], prompt, reply)
+        for batch in bid_label_batches(episodes, swarm.roles, swarm.level_reply_ids, 10**9)
+        for prompt, reply in zip(batch.prompt_ids, batch.reply_ids, strict=True)
+    ]
+
+
+def read_labels(
+    _: RolloutLoop, __: list[Episode], read: list[DecisionLabel]
+) -> list[DecisionLabel]:
+    """The decision prompts the reader kept while the round played, with the expert's answers."""
+    return read
+
+
+def dagger_rounds(
+    loop: RolloutLoop,
+    seeds: list[int],
+    rounds: int,
+    lr: float,
+    batch_size: int,
+    token_budget: int | None,
+    seed: int,
+    prefix: str,
+    labels_of: LabelsOf,
+    start: list[DecisionLabel],
+) -> dict[str, float]:
+    """``rounds`` rounds of playing ``seeds`` with ``loop``, each followed by one epoch per
+    model on its labels (``labels_of``) of every round so far, then of ``start`` (batches of
+    ``batch_size`` prompts in a seeded order, AdamW at ``lr``); the rounds' metrics under
+    ``prefix``."""
+    swarm = loop.swarm
+    device = next(swarm.population.parameters()).device
+    optimizers: dict[int, torch.optim.Optimizer] = {}
+    metrics: dict[str, float] = {}
+    kept: list[DecisionLabel] = []
+    with swarm.separate_usage() as usage:
+        for round_ in range(rounds):
+            key = f"{prefix.removeprefix('sft/')}/{seed}/{round_}"
+            rng, generator = seeded_randomness(key, device)
+            with loop.decisions.labelling() as read:
+                episodes = loop.run(seeds, rng, generator)
+            labels = labels_of(loop, episodes, read)
+            health = market_metrics(episodes, swarm.roles)
+            agreement = health.get(names.EXPERT_OWNER_AGREEMENT, float("nan"))
+            metrics[f"{prefix}/{round_}/agreement"] = agreement
+            metrics[f"{prefix}/{round_}/labels"] = float(len(labels))
+            kept += labels
+            shuffle = torch.Generator().manual_seed(rng.randrange(2**62))
+            for policy, rows in by_model(models(swarm), kept + start):
+                optimizer = optimizers.setdefault(
+                    id(policy), torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
+                )
+                order = torch.randperm(len(rows), generator=shuffle).tolist()
+                tokens = train_epoch(
+                    policy, [rows[i] for i in order], optimizer, batch_size, token_budget
+                )
+                swarm.usage.count_trained(policy.parameter_counts(), tokens)
+    for policy in models(swarm):
+        policy.eval()
+    metrics[f"{prefix}/flops"] = usage.rollout_flops + usage.train_flops
+    return metrics
+
+
+def models(swarm) -> list[AgentPolicy]:
+    """Every model the swarm's rounds may train, in order: the agents, those that bid for them
+    (when another population bids), the decider."""
+    found: list[AgentPolicy] = []
+    for policy in (
+        *swarm.population.agents,
+        *swarm.bid_population.agents,
+        swarm.population.decider,
+    ):
+        if policy is not None and all(policy is not other for other in found):
+            found.append(policy)
+    return found
+
+
+def by_model(
+    order: list[AgentPolicy], labels: list[DecisionLabel]
+) -> list[tuple[AgentPolicy, list[DecisionLabel]]]:
+    """``labels`` grouped by the model that learns them, the models in ``order``, each
+    group's labels in their own order."""
+    groups: dict[int, list[DecisionLabel]] = {}
+    for label in labels:
+        groups.setdefault(id(label.policy), []).append(label)
+    return [(policy, groups[id(policy)]) for policy in order if id(policy) in groups]
+
+
+def train_epoch(
+    policy: AgentPolicy,
+    rows: list[DecisionLabel],
     optimizer: torch.optim.Optimizer,
     batch_size: int,
     token_budget: int | None,
-) -> None:
-    """One pass over ``batch``'s labels in ``order``, ``batch_size`` prompts a step."""
-    policy = swarm.bid_population.agents[batch.agent]
+) -> int:
+    """One pass over ``rows`` in their order, ``batch_size`` a step, on each reply's
+    teacher-forced log-likelihood; the learner tokens it trained on."""
     policy.train()
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size].tolist()
-        part = BidLabelBatch(
-            batch.agent, [batch.prompt_ids[i] for i in rows], [batch.reply_ids[i] for i in rows]
-        )
+    tokens = 0
+    for start in range(0, len(rows), batch_size):
+        part = rows[start : start + batch_size]
+        batch = BidLabelBatch(0, [r.prompt_ids for r in part], [r.reply_ids for r in part])
         optimizer.zero_grad(set_to_none=True)
-        bid_anchor_loss(policy, part, 1.0, token_budget, lambda _, loss: loss.backward())
+        bid_anchor_loss(policy, batch, 1.0, token_budget, _backward)
         optimizer.step()
-        swarm.count_trained(batch.agent, part.learner_tokens(policy, token_budget))
+        tokens += batch.learner_tokens(policy, token_budget)
+    return tokens
+
+
+def _backward(_: int, loss: torch.Tensor) -> None:
+    loss.backward()
