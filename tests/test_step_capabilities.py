@@ -80,6 +80,7 @@ def test_unsaid_capabilities_are_the_rules_declarations():
     assert (even.bids_read, even.forkable, even.contested) == (True, True, True)
     assert (odd.bids_read, odd.forkable, odd.contested) == (False, False, False)
     assert odd.runner_up_bid == 0.6 and odd.credited_bid == 0.0 and even.credited_bid == 0.8
+    assert odd.credited_runner_up_bid == 0.0 and even.credited_runner_up_bid == even.runner_up_bid
     # The existing rules say nothing per decision: their class holds at every step.
     (auction,) = Auction().settle(Auction().decide([Situation(3, 0, bids=bids)], random.Random(0)))
     assert (auction.bids_read, auction.forkable) == (True, True)

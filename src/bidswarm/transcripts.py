@@ -80,7 +80,7 @@ def credits_of(
     credits, _ = rule(
         [s.reward for s in acting],
         [s.decision.credited_bid for s in acting],
-        [s.decision.runner_up_bid for s in acting],
+        [s.decision.credited_runner_up_bid for s in acting],
         random.Random(f"transcript/{seed}/{episode.seed}"),
         levels,
         episode_reads(episode),

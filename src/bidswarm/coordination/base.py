@@ -193,6 +193,12 @@ class Decision:
         """The b_t that credit reads: ``winning_bid`` when the bids decided the step, else 0."""
         return self.winning_bid if self.bids_read is not False else 0.0
 
+    @property
+    def credited_runner_up_bid(self) -> float:
+        """The runner-up's bid that credit reads (a second price): ``runner_up_bid`` when the
+        bids decided the step, else 0."""
+        return self.runner_up_bid if self.bids_read is not False else 0.0
+
 
 def _written_apart(levels: list[float]) -> bool:
     written = [format_bid(b) for b in levels]

@@ -191,7 +191,7 @@ def credited_batches(
         credits, lost = credit_rule(
             [s.reward for s in acting],
             [s.decision.credited_bid for s in acting],
-            [s.decision.runner_up_bid for s in acting],
+            [s.decision.credited_runner_up_bid for s in acting],
             rng,
             levels,
             episode_reads(episode),

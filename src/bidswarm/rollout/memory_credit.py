@@ -43,7 +43,7 @@ def episode_tree(
     tree, _ = rule.tree(
         [s.reward for s in acting],
         [s.decision.credited_bid for s in acting],
-        [s.decision.runner_up_bid for s in acting],
+        [s.decision.credited_runner_up_bid for s in acting],
         rng,
         levels,
         episode_reads(episode),
