@@ -294,6 +294,13 @@ def test_winning_bids_per_role_are_shares_of_its_acting_steps_by_level():
         shares = [metrics[f"bids/winning/{role}/{level:g}"] for level in levels[1:]]
         assert sum(shares) == pytest.approx(1.0)
     assert episode_metrics(episodes, roles, levels).items() >= metrics.items()
+    # a level reader's expected bids lie between the levels: each counts at its nearest one
+    expected = [episode([Decision(2, 0.71), Decision(2, 0.55), Decision(2, 0.13)])]
+    read = winning_bid_metrics(expected, roles, levels)
+    assert [read[f"bids/winning/smith/{level:g}"] for level in levels[1:]] == pytest.approx(
+        [1 / 3, 0.0, 1 / 3, 1 / 3]
+    )
+    assert read["bids/winning/smith/mean"] == pytest.approx((0.71 + 0.55 + 0.13) / 3)
     # steps decided without the bids (``winning_bid`` 0) log none, rather than "all at 0"
     unread = [episode([replace(s.decision, bids_read=False) for s in e.steps]) for e in episodes]
     assert not any(key.startswith("bids/") for key in episode_metrics(unread, roles, levels))

@@ -57,8 +57,9 @@ def winning_bid_metrics(
 ) -> dict[str, float]:
     """What bucket-brigade credit (Eq. 2 of MPT) sees: per role, over the acting steps its
     agents won whose bids decided them (:attr:`Decision.bids_read`), the share won at each bid
-    level (``bids/winning/<role>/<level>``, level as ``0.8``) and the mean winning bid
-    (``bids/winning/<role>/mean``). Every non-zero level is logged; level 0 where a zero bid
+    level (``bids/winning/<role>/<level>``, level as ``0.8``; a level reader's expected bid,
+    which lies between the levels, counts at its nearest level) and the mean winning bid
+    (``bids/winning/<role>/mean``, exact). Every non-zero level is logged; level 0 where a zero bid
     won some step (under the auction none does: all-zero bids skip; a rule that lets a zero
     bidder act logs it). A role that won no such step gets none, a rule that never reads the
     bids none at all."""
@@ -68,7 +69,7 @@ def winning_bid_metrics(
             won.setdefault(role_name(roles[step.actor]), []).append(step.decision.winning_bid)
     metrics = {}
     for role, bids in sorted(won.items()):
-        counts = Counter(bids)
+        counts = Counter(min(bid_levels, key=lambda level: abs(level - bid)) for bid in bids)
         prefix = f"{names.WINNING_BIDS}/{role}"
         for level in (level for level in bid_levels if level > 0 or counts[level]):
             metrics[f"{prefix}/{level:g}"] = counts[level] / len(bids)
