@@ -100,10 +100,13 @@ def test_smoke_makes_both_update_kinds(smoke_run):
 
 def test_a_rule_without_bids_makes_only_the_action_updates_and_logs_its_budget(tmp_path):
     """The monolithic arm of ``debug=smoke`` (1 cycle of 1 action + 1 bid slot): one action
-    update, no bid update; its SFT holds no bid token."""
+    update, no bid update; its SFT holds no bid token, and a bid preset's relabel rounds do
+    not run (no bid channel to label, and no extra SFT epoch the other arms lack)."""
     from mlflow.tracking import MlflowClient
 
-    run_dir = run_cli(tmp_path, "debug=smoke", "ablation=monolithic", "eval.before_rl=false")
+    run_dir = run_cli(
+        tmp_path, "debug=smoke", "ablation=monolithic", "eval.before_rl=false", "bids=relabelled"
+    )
     history = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["bidswarm"]
     assert [h["update_is_bid"] for h in history["history"]] == [0.0]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -111,6 +114,7 @@ def test_a_rule_without_bids_makes_only_the_action_updates_and_logs_its_budget(t
     assert (metrics["updates/action"], metrics["updates/bid"]) == (1, 0)
     assert metrics["sft/bid_tokens"] == metrics["sft/bid_tokens/agent0_monolithic"] == 0
     assert metrics["sft/action_tokens"] > 0 and metrics["sft/flops"] > 0
+    assert not any(key.startswith("sft/relabel/") for key in metrics)
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):

@@ -336,20 +336,15 @@ def _bids_problems(cfg: Any, problems: Problems) -> None:
         f"0 with bids.reader={bids.reader}: only a level reader knows a bid's spread",
     )
     problems.at_least("bids.value_branches", bids.value_branches, 1)
-    if bids.relabel_rounds > 0:
-        rule = RULES.get(cfg.coordination.name)
-        problems.require(
-            rule is None or rule.asks_bids,
-            "bids.relabel_rounds",
-            bids.relabel_rounds,
-            f"0 with coordination={cfg.coordination.name}: the rule reads no bids to label",
-        )
+    rule = RULES.get(cfg.coordination.name)
+    if bids.relabel_rounds > 0 and (rule is None or rule.asks_bids):
+        # A rule that reads no bids has no bid channel: the bid presets leave it alone.
         problems.require(
             not str(cfg.trainer.strategy).startswith("deepspeed"),
             "bids.relabel_rounds",
             bids.relabel_rounds,
-            "0 under a DeepSpeed strategy: the rounds train the agents' own weights, which "
-            "DeepSpeed holds in its buffers",
+            "0 under a DeepSpeed strategy (bids=anchored, or bids=paper): the rounds train "
+            "the agents' own weights, which DeepSpeed holds in its buffers",
         )
 
 

@@ -125,7 +125,7 @@ class Run:
             if parse_rate_before is not None:
                 result[f"{names.SFT_BID_PARSE_RATE}/before"] = parse_rate_before
                 result[f"{names.SFT_BID_PARSE_RATE}/after"] = self.bid_parse_rate()
-            if self.cfg.bids.relabel_rounds:
+            if self.cfg.bids.relabel_rounds and self.loop.coordination.asks_bids:
                 relabelled = self.relabel()
                 result |= relabelled
                 result[names.SFT_FLOPS] += relabelled[f"{RELABEL}/flops"]
@@ -150,7 +150,9 @@ class Run:
 
     def relabel(self) -> dict[str, float]:
         """``bids.relabel_rounds`` on the demonstration worlds (``run/relabel.py``), whose
-        FLOPs (``sft/relabel/flops``) join the SFT budget."""
+        FLOPs (``sft/relabel/flops``) join the SFT budget; under a rule that reads no bids
+        there is no bid channel to label and the rounds do not run (their epoch on the
+        demonstrations would be SFT the other rules do not get)."""
         sft = self.cfg.sft
         return relabel_bids(
             self.loop,
