@@ -57,11 +57,20 @@ def main() -> None:
     parser.add_argument("--reference", help="the arm the others are compared with after RL")
     args = parser.parse_args()
     arms: dict[str, list[tuple[int, dict]]] = {}
+    folders: dict[str, list[Path]] = {}
     for spec in args.arm:
+        # NAME=DIR DIR ... (a shell's glob), or NAME=DIR NAME=DIR ... (its brace expansion)
         name = spec[0].split("=", 1)[0]
-        # NAME=DIR..., or NAME=DIR NAME=DIR ... as a shell's brace expansion writes it
-        folders = [Path(item.removeprefix(f"{name}=")) for item in spec]
-        runs = [load(f) for f in folders if (f / "state.json").is_file()]
+        for item in spec:
+            head, _, tail = item.partition("=")
+            if tail and "/" not in head:
+                name, item = head, tail
+            folders.setdefault(name, []).append(Path(item))
+    for name, paths in folders.items():
+        missing = [str(p) for p in paths if not (p / "state.json").is_file()]
+        if missing:
+            parser.error(f"--arm {name}: no state.json in {', '.join(missing)}")
+        runs = [load(p) for p in paths]
         arms[name] = sorted(r for r in runs if "eval_after" in r[1])
     print(
         "| arm | seed | held-out reward SFT → RL | actor = expert's choice SFT → RL "

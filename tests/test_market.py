@@ -445,3 +445,21 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     ).stdout
     assert "| a | 0 | 10.0 → 10.0 | 50% → 50%" in out
     assert "| a | 2 | +5.0 (+5.0 .. +5.0) | +5.0 (+5.0 .. +5.0) | – |" in out
+    # arms named item by item within one --arm, each against the reference; a folder that
+    # holds no run is an error naming it, not a row left out
+    other = run_folder("b0", 0, 20.0, 22.0)
+    items = [f"a={folders[0]}", f"b={other}"]
+    both = subprocess.run(
+        [sys.executable, str(script), "--arm", *items, "--reference", "a"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "| b | 0 | 20.0 → 20.0" in both and "| a | 0 | 10.0 → 10.0" in both
+    assert "| b | 1 | +2.0 (+2.0 .. +2.0) | +2.0 (+2.0 .. +2.0) | +10.0" in both
+    missing = subprocess.run(
+        [sys.executable, str(script), "--arm", f"a={tmp_path / 'nothing'}"],
+        capture_output=True,
+        text=True,
+    )
+    assert missing.returncode != 0 and "nothing" in missing.stderr
