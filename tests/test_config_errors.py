@@ -133,6 +133,12 @@ INVALID = [
     (["trainer.strategy=deepspeed_stage_2"], "trainer.accelerator", "'cpu'", "DeepSpeed"),
     (["trainer=deepspeed_stage_2"], "rl.grad_clip", "1.0", "DeepSpeed's global gradient_clipping"),
     (
+        ["trainer=deepspeed_stage_2", "rl.grad_clip=0", "bids=relabelled"],
+        "bids.relabel_rounds",
+        "1",
+        "bids=anchored",
+    ),
+    (
         ["trainer.gradient_clipping=1.0"],
         "trainer.gradient_clipping",
         "1.0",
