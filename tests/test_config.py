@@ -62,10 +62,12 @@ def test_every_option_composes_and_validates(override):
             compose("evaluate", overrides=[override, "run_dir=somewhere"])
         if "python -m bidswarm.train" not in text:
             return
-    # A DeepSpeed trainer clips one global norm and refuses the per-agent clip (its YAML's
-    # command line says rl.grad_clip=0; test_config_errors.py refuses it without).
-    per_agent_clip_off = ["rl.grad_clip=0"] if "rl.grad_clip=0" in text else []
-    cfg = compose_train([override, *per_agent_clip_off])
+    # A DeepSpeed trainer clips one global norm and refuses the per-agent clip and the bid
+    # channel's relabel rounds (its YAML's command line says rl.grad_clip=0 bids=anchored;
+    # test_config_errors.py refuses them without).
+    said = ["rl.grad_clip=0"] if "rl.grad_clip=0" in text else []
+    said += ["bids=anchored"] if "bids=anchored" in text.splitlines()[1] else []
+    cfg = compose_train([override, *said])
     validate(cfg)
     assert cfg.task.name and cfg.model.name and cfg.coordination.name
 

@@ -70,9 +70,10 @@ def test_under_deepspeed_its_global_clip_applies_and_the_per_agent_clip_is_refus
     would clip nothing: the config check refuses it, naming DeepSpeed's ``gradient_clipping``,
     and the trainer config's norm reaches the DeepSpeed config of the strategy object."""
     pytest.importorskip("deepspeed")
+    register_configs()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         per_agent = compose("train", overrides=[f"trainer={name}"])
-        cfg = compose("train", overrides=[f"trainer={name}", "rl.grad_clip=0"])
+        cfg = compose("train", overrides=[f"trainer={name}", "rl.grad_clip=0", "bids=anchored"])
     with pytest.raises(
         ConfigError, match=r"rl\.grad_clip=1\.0: must be 0 under .*gradient_clipping"
     ):
@@ -121,7 +122,8 @@ def test_the_collective_timeout_reaches_the_process_group(trainer, tmp_path):
     from bidswarm.run.phases import Run
 
     register_configs()
-    clip = [] if trainer == "ddp" else ["rl.grad_clip=0"]  # DeepSpeed clips one global norm
+    # DeepSpeed clips one global norm and runs no relabel rounds (the trainers' command lines)
+    clip = [] if trainer == "ddp" else ["rl.grad_clip=0", "bids=anchored"]
     if trainer != "ddp":
         pytest.importorskip("deepspeed")
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
@@ -168,7 +170,8 @@ def finished(run_dir: Path) -> dict:
 def test_smoke_on_one_gpu(tmp_path, trainer):
     if trainer.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
-    clip = ("rl.grad_clip=0",) if trainer.startswith("deepspeed") else ()  # DeepSpeed clips
+    deepspeed = trainer.startswith("deepspeed")  # one global clip, no relabel rounds
+    clip = ("rl.grad_clip=0", "bids=anchored") if deepspeed else ()
     run_dir = run_cli(tmp_path, *SMOKE, f"trainer={trainer}", *clip)
     finished(run_dir)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
@@ -187,7 +190,7 @@ def test_smoke_on_one_gpu(tmp_path, trainer):
     [
         ("trainer=ddp", "trainer.accelerator=gpu"),
         # the README's srun line, on one node
-        ("trainer=multinode", "rl.grad_clip=0", "trainer.num_nodes=1"),
+        ("trainer=multinode", "rl.grad_clip=0", "bids=anchored", "trainer.num_nodes=1"),
     ],
     ids=["ddp", "multinode"],
 )
