@@ -5,7 +5,10 @@ an actor: a pure decision, registered by name (:func:`register_reader`), unit-te
 a model. ``sampled`` is the paper's: sample a reply, parse it, an unparsed reply bids 0. The
 level readers decide from the log-probs of each level's canonical reply (one teacher-forced
 forward of every level's reply, on any engine that scores: ``Swarm.level_logprobs``): the most
-likely level (``argmax``), or the expectation over the levels (``expected``) [ours].
+likely level (``argmax``), or the expectation over the levels (``expected``) [ours]. There is
+no scalar value head: ``expected`` is already a continuous bid from one forward pass, and a head
+outside the language model would be a parameter no vLLM engine serves (README, "The bid
+channel and the market's health").
 """
 
 from __future__ import annotations
