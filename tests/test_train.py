@@ -177,3 +177,24 @@ def test_rl_cycles_zero_is_sft_only_and_its_result_is_the_sft_model(tmp_path):
     for agent in ("agent0_logger", "agent1_miner", "agent2_smith"):
         sft = (run_dir / "sft" / agent / "model.safetensors").read_bytes()
         assert (run_dir / "final" / agent / "model.safetensors").read_bytes() == sft
+
+
+def test_the_market_options_run_end_to_end(tmp_path):
+    """[ours] The market's options together through the real CLI (each is unit-tested in
+    tests/test_market.py): the calibrated bid loss forks every agent at sampled states of the bid
+    update and logs its calibration error, second-price credit and exploration train the
+    actions, and the held-out evaluation measures the regret."""
+    run_dir = run_cli(
+        tmp_path,
+        "debug=smoke",
+        "logger=csv",
+        "bids.loss=calibrated",
+        "credit=second_price",
+        "bids.explore=0.5",
+    )
+    history = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["bidswarm"]
+    action, bid = history["history"]
+    assert "loss_action" in action
+    assert bid["forks/value_states"] > 0 and 0.0 <= bid["bids/calibration_error"] <= 0.8
+    assert bid["loss_bid_calibrated"] > 0
+    assert "auction/regret/mean" in read_state(run_dir)["eval_after"]
