@@ -619,12 +619,16 @@ def test_expert_episodes_are_played_once_at_start_up(monkeypatch):
     monkeypatch.setattr(
         run,
         "play_expert_episode",
-        lambda env, seed, levels: played.append(seed) or real(env, seed, levels),
+        lambda env, seed, levels, **kw: played.append(seed) or real(env, seed, levels, **kw),
     )
     env_type = env_class("crafting")
     env = env_type(env_type.Config(max_decisions=8))
     cfg = OmegaConf.create(
-        {"seed": 0, "sft": {"demo_episodes": 20}, "coordination": {"bid_levels": LEVELS}}
+        {
+            "seed": 0,
+            "sft": {"demo_episodes": 20, "action_roles": "same_reply"},
+            "coordination": {"bid_levels": LEVELS},
+        }
     )
     sft, budget = run.start_demonstrations(env, cfg)
     worlds = run.demonstration_worlds(env, cfg) + run.action_limit_worlds(env)

@@ -162,6 +162,37 @@ def test_no_fixed_role_is_the_experts_choice_in_every_world(name, config):
     assert all(0 < count < 24 for count in chosen.values()), chosen
 
 
+def role_actions(episode, roles: bool) -> list:
+    """The episode's action demonstrations to role agents (``roles``), or every other one (the
+    bids and the monolithic agent's actions)."""
+    return [
+        d for d in episode.demonstrations if (d.kind == "action" and d.role is not None) == roles
+    ]
+
+
+@pytest.mark.parametrize("actions", ["split", "shared"])
+@pytest.mark.parametrize("name", NAMES)
+def test_same_reply_teaches_each_action_to_every_role_whose_expert_says_it(name, actions, config):
+    """``sft.action_roles=same_reply``: a step's action demonstration goes to the actor and to
+    every role whose expert replies the same there; bids, actors and rewards are unchanged.
+    Split actions are disjoint, so nothing is added there; on shared crafting every role's
+    expert replies the plan's next step, so every agent learns every step."""
+    env = make(name, config, actions)
+    for seed in env.train_seeds()[:6]:
+        actor_only = play_expert_episode(env, seed, LEVELS)
+        every = play_expert_episode(env, seed, LEVELS, same_reply=True)
+        assert (every.actors, every.total_reward) == (actor_only.actors, actor_only.total_reward)
+        assert role_actions(every, False) == role_actions(actor_only, False)
+        taught = role_actions(every, True)
+        replies = [d.reply for d in role_actions(actor_only, False) if d.kind == "action"]
+        if actions == "split" or name != "crafting":
+            assert taught == role_actions(actor_only, True)
+        else:
+            assert len(taught) == len(env.roles) * len(replies)
+            assert [d.reply for d in taught] == [r for r in replies for _ in env.roles]
+            assert [d.role for d in taught] == list(env.roles) * len(replies)
+
+
 # -- crafting: skills ----------------------------------------------------------------------------
 def crafting(**overrides) -> CraftingEnv:
     env = CraftingEnv(CraftingConfig(**{**SIZES["crafting"], "actions": "shared", **overrides}))

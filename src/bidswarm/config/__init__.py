@@ -22,6 +22,7 @@ from bidswarm.config.choices import (
     MalformedResample,
     ModelSource,
     PromptStyle,
+    SFTActionRoles,
     SFTDemonstrations,
     SFTMatch,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "Problems",
     "PromptStyle",
     "RLConfig",
+    "SFTActionRoles",
     "SFTConfig",
     "SFTDemonstrations",
     "SFTMatch",

@@ -171,6 +171,23 @@ class SFTMatch(str, Enum):
     __str__ = str.__str__
 
 
+class SFTActionRoles(str, Enum):
+    """Which roles an expert step's action demonstration teaches (``sft.action_roles``)."""
+
+    actor = "actor"
+    """The role that acted (docs/method.md section 5: each agent learns its own role's steps)."""
+    same_reply = "same_reply"
+    """[ours] The actor and every other role whose expert replies the same action in that state.
+    Where roles own disjoint actions (``task.actions=split``) no other role's expert ever replies
+    the actor's action, so this is ``actor`` demonstration for demonstration; where every role may
+    say every action (``task.actions=shared``) every role's expert replies the plan's next step,
+    so every agent learns the whole plan (as the monolithic agent does) instead of the third of
+    it whose skill the world gave it, and an agent that wins a step it is unsure of knows what to
+    say. Bid demonstrations are unchanged (every role bids at every step either way)."""
+
+    __str__ = str.__str__
+
+
 class SFTDemonstrations(str, Enum):
     """Which demonstrations the SFT cold start trains on (``sft.demonstrations``)."""
 

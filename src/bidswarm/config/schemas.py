@@ -34,6 +34,7 @@ from bidswarm.config.choices import (
     MalformedResample,
     ModelSource,
     PromptStyle,
+    SFTActionRoles,
     SFTDemonstrations,
     SFTMatch,
 )
@@ -230,6 +231,9 @@ class SFTConfig:
     """[ours] What the monolithic agent's SFT matches of the role agents' (:class:`SFTMatch`)."""
     demonstrations: SFTDemonstrations = SFTDemonstrations.all
     """Which demonstrations the cold start trains on (:class:`SFTDemonstrations`)."""
+    action_roles: SFTActionRoles = SFTActionRoles.same_reply
+    """[ours] Which roles an expert step's action teaches (:class:`SFTActionRoles`): the same as
+    ``actor`` (the paper's) on every split-action task, every role on a shared-action one."""
 
 
 @dataclass

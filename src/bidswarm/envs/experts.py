@@ -94,10 +94,13 @@ def play_expert_episode(
     seed: int,
     bid_levels: list[float],
     on_state: Callable[[TextEnv, dict[str, float]], None] | None = None,
+    same_reply: bool = False,
 ) -> ExpertEpisode:
     """Run the experts on world ``seed``: highest expert bid acts, ties uniform, all-zero skips.
     ``on_state(env, levels)`` sees each state before its step, with every role's expert bid
-    (what the demonstrations of a rule's own decisions are read from)."""
+    (what the demonstrations of a rule's own decisions are read from). Each step's action
+    demonstration teaches the actor; with ``same_reply`` also every other role whose expert
+    replies the same action there (``sft.action_roles=same_reply``)."""
     rng = random.Random(seed)
     env.reset(seed)
     episode = ExpertEpisode(seed=seed)
@@ -118,11 +121,16 @@ def play_expert_episode(
         else:
             actor = rng.choice([role for role, bid in bids.items() if bid == top])
             action = env.expert_action(actor) or ""
+            taught = [
+                role
+                for role in env.roles
+                if role == actor or (same_reply and action and env.expert_action(role) == action)
+            ]
             monolithic_observation = env.observation(None)
             result = env.step(actor, action)
             episode.actors.append(actor)
-            episode.demonstrations.append(
-                Demonstration("action", actor, observations[actor], action)
+            episode.demonstrations.extend(
+                Demonstration("action", role, observations[role], action) for role in taught
             )
             episode.demonstrations.append(
                 Demonstration("action", None, monolithic_observation, action)

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from bidswarm.agents.prompts import PromptTemplate
+from bidswarm.config import SFTActionRoles
 from bidswarm.coordination import CoordinationRule
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration, play_expert_episode
@@ -16,11 +17,15 @@ from bidswarm.run.decision_demonstrations import with_learned_decisions
 
 
 def demonstrations_by_world(
-    env: TextEnv, worlds: list[int], bid_levels: list[float]
+    env: TextEnv, worlds: list[int], bid_levels: list[float], same_reply: bool = False
 ) -> dict[int, list[Demonstration]]:
-    """The scripted experts' demonstrations on each of ``worlds``, each world played once."""
+    """The scripted experts' demonstrations on each of ``worlds``, each world played once
+    (``same_reply``: :func:`~bidswarm.envs.experts.play_expert_episode`'s)."""
     unique = dict.fromkeys(worlds)
-    return {world: play_expert_episode(env, world, bid_levels).demonstrations for world in unique}
+    return {
+        world: play_expert_episode(env, world, bid_levels, same_reply=same_reply).demonstrations
+        for world in unique
+    }
 
 
 def expert_demonstrations(
@@ -58,7 +63,8 @@ def start_demonstrations(
     limit (:func:`action_limit_worlds`), every world played once."""
     sft, limit = demonstration_worlds(env, cfg), action_limit_worlds(env)
     levels = list(cfg.coordination.bid_levels)
-    played = demonstrations_by_world(env, sft + limit, levels)
+    same_reply = cfg.sft.action_roles == SFTActionRoles.same_reply
+    played = demonstrations_by_world(env, sft + limit, levels, same_reply)
     demos = [d for w in sft for d in played[w]]
     if rule is not None:
         demos = with_learned_decisions(demos, env, sft, levels, rule)
