@@ -7,7 +7,9 @@ rule after RL over its (seed, world) cells; and each arm minus the reference arm
         --arm anchored=/wt/b/outputs/choice/anchored_seed* --reference paper
 
 Intervals: 95%, two-way random effects over training seeds x held-out worlds where an arm has
-several seeds (``bidswarm.statistics.paired_difference``), over worlds for one run.
+several seeds (``bidswarm.statistics.paired_difference``), over worlds for one run. An arm's
+who-should-act regret after RL is the mean of its runs' regrets with a t interval over the
+runs (a run keeps its regret's mean, not its states), "–" where a run has none.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 from pathlib import Path
 
 from bidswarm import metric_names as names
-from bidswarm.statistics import paired_difference
+from bidswarm.statistics import paired_difference, summarize
 
 AGREE = names.EXPERT_OWNER_AGREEMENT
 
@@ -51,6 +53,15 @@ def run_row(arm: str, seed: int, state: dict) -> str:
     )
 
 
+def regret_over_runs(runs: list[tuple[int, dict]]) -> str:
+    """The mean of the runs' who-should-act regrets after RL and its t interval over the runs."""
+    regrets = [state["eval_after"].get(f"{names.REGRET}/mean") for _, state in runs]
+    if not regrets or None in regrets:
+        return "–"
+    r = summarize(regrets)
+    return f"{r.mean:.1f} ({r.ci_low:.1f} .. {r.ci_high:.1f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", action="append", nargs="+", required=True, metavar="NAME=DIR")
@@ -82,8 +93,11 @@ def main() -> None:
         for seed, state in runs:
             print(run_row(name, seed, state))
     print()
-    print("| arm | seeds | expert_owner − own after SFT | after RL | arm − reference after RL |")
-    print("|---|---|---|---|---|")
+    print(
+        "| arm | seeds | expert_owner − own after SFT | after RL | arm − reference after RL "
+        "| regret after RL (over runs) |"
+    )
+    print("|---|---|---|---|---|---|")
     reference = arms.get(args.reference, [])
     for name, runs in arms.items():
         before = paired_difference(
@@ -98,7 +112,10 @@ def main() -> None:
             mine = {k: v for k, v in cells(runs, "eval_after_worlds").items() if k[0] in shared}
             theirs = cells(reference, "eval_after_worlds")
             versus = interval(paired_difference(mine, theirs)) + f" ({len(shared)} seeds)"
-        print(f"| {name} | {len(runs)} | {interval(before)} | {interval(after)} | {versus} |")
+        print(
+            f"| {name} | {len(runs)} | {interval(before)} | {interval(after)} | {versus} "
+            f"| {regret_over_runs(runs)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -418,11 +418,13 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     import sys
     from pathlib import Path
 
-    def run_folder(name: str, seed: int, own: float, reference: float) -> Path:
+    def run_folder(name: str, seed: int, own: float, reference: float, regret=None) -> Path:
         folder = tmp_path / name
         folder.mkdir()
         (folder / "resolved_config.yaml").write_text(f"task:\n  seed: 9\nseed: {seed}\n")
         metrics = {names.EXPERT_OWNER_AGREEMENT: 0.5, f"{names.VALID_LEVEL_MASS}/logger": 0.9}
+        if regret is not None:
+            metrics[f"{names.REGRET}/mean"] = regret
         worlds = {str(w): own + w for w in range(4)}
         state = {
             "eval_before": {"reward/mean": own} | metrics,
@@ -435,7 +437,7 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         (folder / "state.json").write_text(json.dumps(state))
         return folder
 
-    folders = [run_folder(f"a{s}", s, 10.0 + s, 15.0 + s) for s in range(2)]
+    folders = [run_folder(f"a{s}", s, 10.0 + s, 15.0 + s, regret=2.0 + 2 * s) for s in range(2)]
     script = Path(__file__).resolve().parents[1] / "scripts" / "market_table.py"
     out = subprocess.run(
         [sys.executable, str(script), "--arm", *[f"a={f}" for f in folders]],
@@ -444,7 +446,8 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         check=True,
     ).stdout
     assert "| a | 0 | 10.0 → 10.0 | 50% → 50%" in out
-    assert "| a | 2 | +5.0 (+5.0 .. +5.0) | +5.0 (+5.0 .. +5.0) | – |" in out
+    # the regret over runs: mean 3.0, t interval with one degree of freedom (12.71 x SE 1.0)
+    assert "| a | 2 | +5.0 (+5.0 .. +5.0) | +5.0 (+5.0 .. +5.0) | – | 3.0 (-9.7 .. 15.7) |" in out
     # arms named item by item within one --arm, each against the reference; a folder that
     # holds no run is an error naming it, not a row left out
     other = run_folder("b0", 0, 20.0, 22.0)
@@ -457,6 +460,7 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     ).stdout
     assert "| b | 0 | 20.0 → 20.0" in both and "| a | 0 | 10.0 → 10.0" in both
     assert "| b | 1 | +2.0 (+2.0 .. +2.0) | +2.0 (+2.0 .. +2.0) | +10.0" in both
+    assert both.rstrip().endswith("(1 seeds) | – |")  # b's run has no regret
     missing = subprocess.run(
         [sys.executable, str(script), "--arm", f"a={tmp_path / 'nothing'}"],
         capture_output=True,
