@@ -283,6 +283,20 @@ def test_the_second_price_rule_reads_its_scale_and_the_runner_up_bids_only() -> 
         make_credit(SecondPriceConfig(name="second_price", price_scale=-1.0))
 
 
+def test_a_thin_market_charges_the_handover_and_clones_price_the_winning_bid() -> None:
+    """The main job's experts: the Logger's last chop (reward 12.7, the Smith runner-up at 0.6)
+    hands over to the Smith, whom nobody outbids; without clones that chop pays 105 and is paid
+    0. With clones (Chang et al.) the prices are the winners' bids, and the return is kept."""
+    rewards, winning, runner_up = [12.7, 19.1, 50.9], [0.8, 0.8, 0.8], [0.6, 0.0, 0.0]
+    thin = make_credit(SecondPriceConfig(name="second_price"))
+    credits, _ = thin(rewards, winning, runner_up, random.Random(0), BID_LEVELS)
+    assert credits == pytest.approx([12.7 - 105.0, 19.1, 50.9])
+    cloned = make_credit(SecondPriceConfig(name="second_price", clones=True))
+    credits, discarded = cloned(rewards, [0.8, 0.6, 0.4], runner_up, random.Random(0), BID_LEVELS)
+    assert credits == pytest.approx([12.7 + 105.0 - 140.0, 19.1 + 70.0 - 105.0, 50.9 - 70.0])
+    assert sum(credits) + discarded == pytest.approx(sum(rewards))
+
+
 # --- REINFORCE (Eq. 2) -------------------------------------------------------------------
 
 

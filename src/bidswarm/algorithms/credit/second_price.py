@@ -18,6 +18,17 @@ credit. When the bids estimate values, p_t ~ V(s_t), the runner-up's value of ac
 c_t is a TD-style advantage r_t + V(s_{t+1}) - V(s_t) of the winner's action over the best
 alternative. Unlike Chang et al. there is no discount (their gamma^(time between auctions));
 a step with no runner-up (or under a rule without bids) has price 0.
+
+Chang et al. also clone every bidder, so that a bidder always meets one rival who values the
+state as it does. Without clones a thin market prices a state at 0 whenever one agent alone
+bids for it, and the step that creates such a state pays its own price and is paid nothing: in
+the main job the Logger's last chop, after which only the Smith bids, earns 12.7 - 175 x 0.6
+(the Smith's runner-up bid before it) = -92.3, while a reply that changes nothing costs 0 (the
+same prices before and after), and with the experts' bid levels RL turns the Logger's replies
+into invalid ones (docs/results.md, "The market"). ``credit.clones=true`` [ours] is Chang et
+al.'s cloning: each winner's clone bids what it bids, so the second-highest bid is the
+winner's own and p_t = s * b_t, the winning bid in reward units; a TD advantage when the
+winning bids estimate values, and a large charge on the last step when they do not.
 """
 
 from __future__ import annotations
@@ -85,18 +96,22 @@ class SecondPriceConfig(CreditConfig):
     price_scale: float = CRAFTING_PRICE_SCALE
     """[ours] Reward units per bid unit (:data:`CRAFTING_PRICE_SCALE`); another task sets its
     own, e.g. its largest return over the top level 0.8."""
+    clones: bool = False
+    """[ours] Chang et al.'s cloned bidders: the price is the winning bid, not the runner-up's
+    (module docstring)."""
 
 
 @register("second_price")
 class SecondPrice(CreditRule):
     """Reward plus the next auction's price minus this auction's, prices the runner-ups' bids in
-    reward units (:func:`second_price_credit`)."""
+    reward units (:func:`second_price_credit`); with ``clones`` the winners' bids."""
 
     Config = SecondPriceConfig
     conserves_return = True
 
-    def __init__(self, price_scale: float = CRAFTING_PRICE_SCALE) -> None:
+    def __init__(self, price_scale: float = CRAFTING_PRICE_SCALE, clones: bool = False) -> None:
         self.price_scale = price_scale
+        self.clones = clones
 
     @classmethod
     def parameters(cls) -> list[Parameter]:
@@ -104,7 +119,7 @@ class SecondPrice(CreditRule):
 
     @classmethod
     def from_config(cls, config: SecondPriceConfig) -> SecondPrice:
-        return cls(config.price_scale)
+        return cls(config.price_scale, config.clones)
 
     def __call__(
         self,
@@ -115,4 +130,6 @@ class SecondPrice(CreditRule):
         levels: Sequence[float],
         reads: Reads = (),
     ) -> tuple[list[float], float]:
-        return second_price_credit(rewards, runner_up_bids, self.price_scale)
+        # a winner's clone bids what it bids: the second-highest bid is then the winner's own
+        priced = bids if self.clones else runner_up_bids
+        return second_price_credit(rewards, priced, self.price_scale)
