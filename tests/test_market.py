@@ -351,6 +351,8 @@ def test_an_evaluation_reports_the_regret_over_worlds_without_counting_its_forks
     assert names.REGRET + "/mean" not in plain.metrics
     assert measured.metrics[names.REGRET + "/mean"] >= 0.0
     assert measured.metrics[names.REGRET + "/states"] <= 3
+    # the oracle's value is what the regret reads against: never below the regret
+    assert measured.metrics[names.REGRET + "/oracle"] >= measured.metrics[names.REGRET + "/mean"]
     # The regret's forks change neither the evaluation's episodes nor its counted cost.
     assert measured.metrics["reward/mean"] == plain.metrics["reward/mean"]
     assert measured.usage.rollout_tokens == plain.usage.rollout_tokens

@@ -147,7 +147,8 @@ REGRET = "auction/regret"
 of its own and the swarm plays on with its own rule and policies; the regret is the best
 agent's return from there minus that of the agent the rule let act (reward units, acting
 states only). ``/mean``, ``/ci_low``, ``/ci_high`` over the worlds' mean regrets, ``/states``
-the states measured."""
+the states measured, ``/oracle`` the best agent's return there (mean over worlds): a regret
+reads against it, since a swarm that earns nothing from any state has regret 0."""
 CALIBRATION_ERROR = "bids/calibration_error"
 """[ours] ``bids.loss=calibrated``: mean |bid - value target| over the agents' bids at the
 states a bid update forked (``rollout/acting_values.py``): how far the bids are from pricing

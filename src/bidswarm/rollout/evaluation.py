@@ -73,9 +73,9 @@ class PlayedBatches:
 
     episodes: dict[int, list[Episode]] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
-    regrets: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
-    """Batch index -> (world, who-should-act regret) of each state its forks measured
-    (:func:`batch_regrets`; empty without ``regret_states``)."""
+    regrets: dict[int, list[tuple[int, float, float]]] = field(default_factory=dict)
+    """Batch index -> (world, who-should-act regret, the oracle's value) of each state its
+    forks measured (:func:`batch_regrets`; empty without ``regret_states``)."""
 
     def without_token_ids(self) -> PlayedBatches:
         """The same episodes with their replies' token ids left out (empty), to send to another
@@ -153,12 +153,12 @@ def play_batches(
 
 def batch_regrets(
     loop: RolloutLoop, episodes: list[Episode], per_world: int, seed: int, batch: int
-) -> list[tuple[int, float]]:
+) -> list[tuple[int, float, float]]:
     """The who-should-act regret (``rollout/acting_values.py``) at up to ``per_world`` acting
     states of the first episode of each world in ``episodes`` (drawn from a key of the batch's own,
     so the evaluation's episodes are those without it), one branch per agent, its tokens
     counted in no ledger (the evaluation's ``flops`` are the rule's own cost); the episodes'
-    snapshots are dropped after. (world, regret) per acting state."""
+    snapshots are dropped after. (world, regret, the oracle's value) per acting state."""
     device = next(loop.swarm.population.parameters()).device
     rng, generator = seeded_randomness(f"regret/{seed}/{batch}", device)
     firsts = list({e.seed: e for e in reversed(episodes)}.values())
@@ -167,7 +167,7 @@ def batch_regrets(
         forks = acting_values(loop, states, 1, rng, generator)
     for step in (s for e in episodes for s in e.steps):
         step.snapshot = None
-    return [(f.episode.seed, r) for f in forks if (r := regret(f)) is not None]
+    return [(f.episode.seed, r, f.oracle) for f in forks if (r := regret(f)) is not None]
 
 
 def summarize_evaluation(
@@ -193,15 +193,17 @@ def summarize_evaluation(
     }
     if mass_probe_prompts:
         metrics |= valid_level_mass(loop.swarm, episodes, mass_probe_prompts)
-    regrets = [pair for part in parts for batch in part.regrets.values() for pair in batch]
+    regrets = [state for part in parts for batch in part.regrets.values() for state in batch]
     if regrets:
-        per_world = per_world_means([r for _, r in regrets], [w for w, _ in regrets])
-        summary = summarize(list(per_world.values()))
+        worlds = [w for w, _, _ in regrets]
+        summary = summarize(list(per_world_means([r for _, r, _ in regrets], worlds).values()))
+        oracle = per_world_means([o for _, _, o in regrets], worlds).values()
         metrics |= {
             f"{names.REGRET}/mean": summary.mean,
             f"{names.REGRET}/ci_low": summary.ci_low,
             f"{names.REGRET}/ci_high": summary.ci_high,
             f"{names.REGRET}/states": float(len(regrets)),
+            f"{names.REGRET}/oracle": sum(oracle) / len(oracle),
         }
     pass_metrics, world_pass_at_k = pass_at_k_metrics(episodes, runs_per_seed)
     return Evaluation(metrics | pass_metrics, episodes, world_rewards, world_pass_at_k, usage)

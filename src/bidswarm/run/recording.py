@@ -237,6 +237,7 @@ def market_lines(metrics: dict[str, float], label: str) -> list[str]:
         parts.append(
             f"who-should-act regret {metrics[f'{names.REGRET}/mean']:.2f} (95% CI "
             f"{metrics[f'{names.REGRET}/ci_low']:.2f} .. {metrics[f'{names.REGRET}/ci_high']:.2f})"
+            f" of the best agent's {metrics.get(f'{names.REGRET}/oracle', float('nan')):.2f}"
         )
     lines = [f"[bidswarm] market {label}: " + "; ".join(parts)]
     for key in sorted(k for k in metrics if k.startswith("gap_to_") and k.endswith("/mean")):
