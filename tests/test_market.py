@@ -288,13 +288,20 @@ def test_the_owner_gap_is_paired_over_seed_and_world_cells():
 
 
 def test_the_market_run_table_has_a_row_per_run_with_its_health():
-    table = market_run_table({"default": [run_result(0, {0: 1.0}, {0: 2.0})]})
+    result = run_result(0, {0: 1.0}, {0: 2.0})
+    table = market_run_table({"default": [result]})
     row = table.splitlines()[-1]
     assert (
         row.startswith("| default | 0 | 50% → 50%")
         and "0.95" in row
         and "+1.0 (-1.0 .. +3.0)" in row
+        and row.endswith("| – |")  # no regret measured
     )
+    regret = {"mean": 2.5, "ci_low": 0.5, "ci_high": 4.5, "oracle": 30.0}
+    result.market["after"] = result.market["after"] | {
+        f"{names.REGRET}/{k}": v for k, v in regret.items()
+    }
+    assert market_run_table({"default": [result]}).endswith("| 2.5 (0.5 .. 4.5) of 30.0 |")
 
 
 def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes():

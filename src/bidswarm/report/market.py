@@ -33,12 +33,14 @@ def market_run_table(groups: dict[str, list[RunResult]]) -> str:
         "expert would let act, after SFT → after RL, and after RL on / off the experts' path; "
         "the bid policies' probability of replying a bid level at all and the share of bids "
         "that parsed, per role in alphabetical order; top ties; skipped steps; the entropy of "
-        "who acts; and the held-out reward of the same agents under `expert_owner` minus the "
-        "run's own rule after RL (95% CI over worlds).",
+        "who acts; the held-out reward of the same agents under `expert_owner` minus the "
+        "run's own rule after RL (95% CI over worlds); and the who-should-act regret after RL "
+        "(95% CI over worlds) with the best agent's return at the same states.",
         "",
         "| strategy | seed | actor = expert's choice | on / off path | valid bid mass | parsed "
-        "| top ties | skipped | who acts (bits) | expert_owner − own (95% CI) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| top ties | skipped | who acts (bits) | expert_owner − own (95% CI) "
+        "| regret (95% CI) of the best's |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy, r in rows:
         before, after = r.market.get("before", {}), r.market["after"]
@@ -51,13 +53,21 @@ def market_run_table(groups: dict[str, list[RunResult]]) -> str:
             f"{after['gap_to_expert_owner/ci_high']:+.1f})"
         )
         entropy = after.get(names.WINNER_ENTROPY_BITS)
+        regret = after.get(f"{names.REGRET}/mean")
+        shown_regret = (
+            "–"
+            if regret is None
+            else f"{regret:.1f} ({after[f'{names.REGRET}/ci_low']:.1f} .. "
+            f"{after[f'{names.REGRET}/ci_high']:.1f}) of "
+            f"{after.get(f'{names.REGRET}/oracle', float('nan')):.1f}"
+        )
         lines.append(
             f"| {strategy} | {'–' if r.training_seed is None else r.training_seed} "
             f"| {_share(before.get(agree))} → {_share(after.get(agree))} "
             f"| {_share(on)} / {_share(off)} | {_per_role(after, names.VALID_LEVEL_MASS)} "
             f"| {_per_role(after, names.BID_PARSE_RATE)} | {_share(after.get(names.TOP_TIE_FRAC))} "
             f"| {_share(after.get(names.SKIP_FRAC))} "
-            f"| {'–' if entropy is None else f'{entropy:.2f}'} | {shown_gap} |"
+            f"| {'–' if entropy is None else f'{entropy:.2f}'} | {shown_gap} | {shown_regret} |"
         )
     return "\n".join(lines)
 
