@@ -179,11 +179,12 @@ class SFTActionRoles(str, Enum):
     same_reply = "same_reply"
     """[ours] The actor and every other role whose expert replies the same action in that state.
     Where roles own disjoint actions (``task.actions=split``) no other role's expert ever replies
-    the actor's action, so this is ``actor`` demonstration for demonstration; where every role may
-    say every action (``task.actions=shared``) every role's expert replies the plan's next step,
-    so every agent learns the whole plan (as the monolithic agent does) instead of the third of
-    it whose skill the world gave it, and an agent that wins a step it is unsure of knows what to
-    say. Bid demonstrations are unchanged (every role bids at every step either way)."""
+    the actor's action, so this is ``actor`` demonstration for demonstration. In shared crafting
+    (``task.actions=shared``) every role's expert replies the plan's next step, so every agent
+    learns the whole plan (as the monolithic agent does) instead of the third of it whose skill
+    the world gave it, and an agent that wins a step it is unsure of knows what to say; in shared
+    navigation and research only the role that knows the room or holds the tool has a reply, so
+    nothing is added. Bid demonstrations are unchanged (every role bids at every step)."""
 
     __str__ = str.__str__
 

@@ -233,7 +233,7 @@ class SFTConfig:
     """Which demonstrations the cold start trains on (:class:`SFTDemonstrations`)."""
     action_roles: SFTActionRoles = SFTActionRoles.same_reply
     """[ours] Which roles an expert step's action teaches (:class:`SFTActionRoles`): the same as
-    ``actor`` (the paper's) on every split-action task, every role on a shared-action one."""
+    ``actor`` (the paper's) on every split-action task, every role on shared crafting."""
 
 
 @dataclass

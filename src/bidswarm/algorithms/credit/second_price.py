@@ -23,12 +23,12 @@ Chang et al. also clone every bidder, so that a bidder always meets one rival wh
 state as it does. Without clones a thin market prices a state at 0 whenever one agent alone
 bids for it, and the step that creates such a state pays its own price and is paid nothing: in
 the main job the Logger's last chop, after which only the Smith bids, earns 12.7 - 175 x 0.6
-(the Smith's runner-up bid before it) = -92.3, while a reply that changes nothing costs 0 (the
-same prices before and after), and with the experts' bid levels RL turns the Logger's replies
-into invalid ones (docs/results.md, "The market"). ``credit.clones=true`` [ours] is Chang et
-al.'s cloning: each winner's clone bids what it bids, so the second-highest bid is the
-winner's own and p_t = s * b_t, the winning bid in reward units; a TD advantage when the
-winning bids estimate values, and a large charge on the last step when they do not.
+(the Smith's runner-up bid before it) = -92.3, while a reply that changes nothing costs about
+0 (about the same prices before and after), and with the experts' bid levels RL turns the
+Logger's replies into invalid ones (docs/results.md, "The market"). ``credit.clones=true``
+[ours] is Chang et al.'s cloning: each winner's clone bids what it bids, so the second-highest
+bid is the winner's own and p_t = s * b_t, the winning bid in reward units; a TD advantage when
+the winning bids estimate values, and a large charge on the last step when they do not.
 """
 
 from __future__ import annotations
