@@ -75,8 +75,10 @@ def test_what_each_rule_asks_the_collector_for(name):
         assert rule.bidders(situation(n=3)) == []  # no bids asked: nobody named to bid
     if rule.makes_contested_steps:  # a contested step is one where bids compete (Eq. 3)
         assert rule.asks_bids and rule.records_winning_bids
-    if rule.records_winning_bids:
-        assert rule.asks_bids
+    if rule.records_winning_bids:  # bid replies, or each agent's own score of its proposal
+        assert rule.asks_bids or (rule.asks_proposals and rule.scores_own_proposal)
+    if rule.scores_own_proposal:
+        assert rule.asks_proposals
     if rule.monolithic:  # a single agent owns every role: there is nobody to bid against
         assert not (rule.asks_bids or rule.asks_proposals)
 

@@ -21,6 +21,7 @@ from bidswarm.coordination.base import (
     ACTION_LOGPROB,
     DECIDER,
     DECIDER_NAME,
+    OWN_SCORE,
     PICK,
     ROUTE,
     SCORE,
@@ -31,15 +32,26 @@ from bidswarm.coordination.base import (
 )
 from bidswarm.coordination.bid_readers import Expected
 from bidswarm.coordination.graph_of_agents import GraphOfAgents, GraphOfAgentsConfig
+from bidswarm.coordination.proposal_auction import ProposalAuction
 from bidswarm.coordination.router import Router
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC
-from bidswarm.envs.experts import expert_owners, format_bid, play_expert_episode
+from bidswarm.envs.crafting import CraftingConfig
+from bidswarm.envs.experts import (
+    expert_levels,
+    expert_owners,
+    format_bid,
+    play_expert_episode,
+)
 from bidswarm.lit.sft import plan_sft, run_sft
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.records import Episode
 from bidswarm.rollout.swarm import Swarm
-from bidswarm.run.decision_demonstrations import decision_demonstrations, with_learned_decisions
+from bidswarm.run.decision_demonstrations import (
+    decision_demonstrations,
+    state_demonstrations,
+    with_learned_decisions,
+)
 from bidswarm.run.relabel import RELABEL_DECISIONS, relabel_decisions
 from conftest import hf_engine
 from test_coordination import LEVELS, envs_at, seeded, task
@@ -66,6 +78,27 @@ def test_graph_of_agents_scores_by_logprob_unless_its_scoring_is_trained():
     assert any("relabel_rounds=1" in line for line in GraphOfAgents.problems(config))
     config.scoring = "trained"
     assert GraphOfAgents.problems(config) == []
+
+
+def test_the_proposal_auction_lets_the_highest_own_bid_act_and_credit_read_it():
+    own = ((0.3, 0.0, 0.0), (0.0, 0.7, 0.0), (0.0, 0.0, 0.5))  # the diagonal: each its own bid
+    rule = ProposalAuction()
+    (decision,) = rule.settle(
+        rule.decide([situation(peer_scores=own, own_scores=True)], random.Random(0))
+    )
+    assert (decision.actor, decision.winning_bid) == (1, 0.7)
+    assert (decision.runner_up, decision.runner_up_bid) == (2, 0.5)
+    assert decision.credited_bid == 0.7 and not decision.contested
+    # An absent agent neither bids nor acts; tied bids are broken uniformly.
+    gone = situation(peer_scores=own, own_scores=True, absent=frozenset({1}))
+    assert rule.decide([gone], random.Random(0))[0].actor == 2
+    tied = ((0.6, 0.0), (0.0, 0.6))
+    picks = {
+        rule.decide([situation(n=2, peer_scores=tied, own_scores=True)], random.Random(s))[0].actor
+        for s in range(40)
+    }
+    assert picks == {0, 1}
+    assert rule.decisions_learned == {OWN_SCORE} and rule.scores_own_proposal
 
 
 def trained_agentnet(**fields) -> AgentNet:
@@ -188,11 +221,55 @@ def test_trained_peer_scores_are_the_expected_usefulness_level_of_the_score_prom
     assert swarm.usage.bids_made == 0
 
 
+def test_the_proposal_auctions_bids_are_each_agents_expected_level_on_its_own_proposal():
+    swarm = build_swarm()
+    loop = RolloutLoop(lambda: make_env(task()), swarm, ProposalAuction())
+    envs = envs_at([3, 4])
+    episodes = [Episode(seed) for seed in (3, 4)]
+    situations, _, proposals = loop._gather(envs, episodes, seeded(7), random.Random(0))
+    for e, s in enumerate(situations):
+        for agent, role in enumerate(ROLES):
+            policy = swarm.population.agents[agent]
+            prompt = swarm.prompts.score(
+                role, envs[e].observation(role), proposals[e][agent].text, own=True
+            )
+            assert " mine: " in prompt
+            row = [teacher_forced(policy, prompt, format_bid(v), swarm.prompts) for v in LEVELS]
+            expected = Expected().read(row, LEVELS, 1.0)
+            assert s.proposal_scores[agent] == pytest.approx(expected, abs=1e-4)
+            others = [s.peer_scores[agent][p] for p in range(3) if p != agent]
+            assert others == [0.0, 0.0], "nobody scores another's proposal"
+    assert swarm.usage.bids_made == 0
+
+
+def test_relabelling_labels_each_own_bid_at_its_roles_expert_bid_in_the_swarms_state():
+    swarm = build_swarm()
+    loop = RolloutLoop(lambda: make_env(task()), swarm, ProposalAuction())
+    envs = envs_at([3, 4])
+    episodes = [Episode(seed) for seed in (3, 4)]
+    with loop.decisions.labelling() as labels:
+        loop._gather(envs, episodes, seeded(7), random.Random(0))
+    levels = [expert_levels(env, LEVELS) for env in envs]
+    assert all(len(expert_owners(env_levels)) == 1 for env_levels in levels)
+    wanted = [  # one batch per agent, its envs in order
+        (agent, format_bid(env_levels[role]))
+        for agent, role in enumerate(ROLES)
+        for env_levels in levels
+    ]
+    assert len(labels) == len(wanted)
+    for label, (agent, reply) in zip(labels, wanted, strict=True):
+        policy = swarm.population.agents[agent]
+        assert label.policy is policy
+        assert label.reply_ids == policy.encode_reply(swarm.prompts.reply_text(reply))
+    assert len({reply for _, reply in wanted}) > 1  # the labels tell the agents apart
+
+
 def test_whole_episodes_under_each_trained_rule_read_only_what_they_declare():
     rules = {
         "router": Router(),
         "agentnet": trained_agentnet(),
         "goa": GraphOfAgents(GraphOfAgentsConfig(name="graph_of_agents", scoring="trained")),
+        "proposal_auction": ProposalAuction(),
     }
     for name, rule in rules.items():
         swarm = build_swarm(decider=name == "router")
@@ -203,7 +280,7 @@ def test_whole_episodes_under_each_trained_rule_read_only_what_they_declare():
             assert len(episode.steps) == 6
             for step in episode.steps:
                 assert step.actor is not None and not step.bids and not step.contested
-                assert bool(step.proposal_scores) == (name == "goa")
+                assert bool(step.proposal_scores) == (name in ("goa", "proposal_auction"))
 
 
 def test_the_router_needs_a_decider_and_says_how_to_get_one():
@@ -235,6 +312,29 @@ def test_decision_demonstrations_label_every_expert_state_with_its_owner():
     # The logger chops only while logs are needed: later its "chop a tree" is a useless reply.
     chop = [d.reply for d in scores if d.proposal == "chop a tree"]
     assert "0.8" in chop and "0.0" in chop
+
+
+def test_own_scores_label_each_roles_own_reply_at_its_experts_bid():
+    # Shared crafting: every role's expert replies the plan's step, its bid says whose works.
+    env = make_env(
+        CraftingConfig(name="crafting", target="wooden_pickaxe", max_decisions=30, actions="shared")
+    )
+    demos, states = [], []
+
+    def collect(state, levels):
+        states.append(levels)
+        demos.append(state_demonstrations(state, levels, LEVELS, frozenset({OWN_SCORE}), {}))
+
+    for world in (0, 1, 2):
+        play_expert_episode(env, world, LEVELS, on_state=collect)
+    owned = [(levels, found) for levels, found in zip(states, demos, strict=True) if found]
+    assert owned and all(len(expert_owners(levels)) == 1 for levels, _ in owned)
+    for levels, found in owned:
+        assert {d.kind for d in found} == {OWN_SCORE}
+        assert {d.role: d.reply for d in found} == {r: format_bid(levels[r]) for r in ROLES}
+        assert len({d.proposal for d in found}) == 1, "one plan step, whoever proposes it"
+    labels = {d.reply for _, found in owned for d in found}
+    assert {"0.8", "0.6", "0.0"} <= labels  # skilled, novice, unable
 
 
 def test_a_rule_that_learns_a_decision_adds_its_demonstrations_to_the_auctions():

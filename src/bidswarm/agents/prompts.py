@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedTokenizerBase
 
 from bidswarm.config import PromptStyle
-from bidswarm.coordination.base import DECIDER_NAME
+from bidswarm.coordination.base import DECIDER_NAME, OWN_SCORE, SCORE
 from bidswarm.coordination.bid_readers import BidPrompt
 from bidswarm.envs.base import TextEnv, role_name
 from bidswarm.envs.experts import Demonstration, format_bid
@@ -119,16 +119,19 @@ class PromptTemplate:
             request += "\n\nYour instruction:"
         return self._chat(role, request)
 
-    def score(self, role: str, observation: str, proposal: str) -> str:
-        """The prompt asking ``role`` how useful another agent's ``proposal`` is now; the reply
-        is a level of :attr:`bid_levels` (lowest: useless now, highest: what the team needs)."""
+    def score(self, role: str, observation: str, proposal: str, own: bool = False) -> str:
+        """The prompt asking ``role`` how useful another agent's ``proposal`` (``own``: its own)
+        is now; the reply is a level of :attr:`bid_levels` (lowest: useless now, highest: what
+        the team needs). The compact style marks an own proposal ``mine:``."""
         apart = self.bid_prompt == BidPrompt.apart
         if self.style == PromptStyle.compact:
             end = "=> score:" if apart else "->"
-            return f"{self._bos()}{role} score: {observation} proposal: {proposal} {end}"
+            whose = "mine" if own else "proposal"
+            return f"{self._bos()}{role} score: {observation} {whose}: {proposal} {end}"
         levels = ", ".join(format_bid(level) for level in self.bid_levels)
+        whose = "your own proposal" if own else "this proposal of another agent"
         request = (
-            f"How useful is this proposal of another agent for the team now? Reply with one "
+            f"How useful is {whose} for the team now? Reply with one "
             f"number from {levels} ({format_bid(self.bid_levels[0])} = useless now, "
             f"{format_bid(self.bid_levels[-1])} = what the team needs now).\n\n"
             f"Now: {observation}\n\nProposal: {proposal}"
@@ -158,11 +161,12 @@ class PromptTemplate:
         return self._chat(name, request)
 
     def prompt_of(self, demo: Demonstration) -> str:
-        """The prompt of a demonstration of any kind (``bid``, ``action``, ``score``, ``route``)."""
+        """The prompt of a demonstration of any kind (``bid``, ``action``, ``score``,
+        ``own_score``, ``route``)."""
         if demo.kind == "bid":
             return self.bid(demo.role, demo.observation)
-        if demo.kind == "score":
-            return self.score(demo.role, demo.observation, demo.proposal)
+        if demo.kind in (SCORE, OWN_SCORE):
+            return self.score(demo.role, demo.observation, demo.proposal, demo.kind == OWN_SCORE)
         if demo.kind == "route":
             return self.route(demo.role, demo.observation)
         return self.action(demo.role, demo.observation)

@@ -45,11 +45,16 @@ PROPOSAL_SCORINGS = (ACTION_LOGPROB, USEFULNESS)
 
 SCORE = "score"
 """A decision learned from demonstrations: every agent rates the other roles' replies."""
+OWN_SCORE = "own_score"
+"""A decision learned from demonstrations: every agent rates its own reply (its bid on it)."""
 ROUTE = "route"
 """A decision learned from demonstrations: every agent names who acts next from its own view."""
 PICK = "pick"
 """A decision learned from demonstrations: the decider names who acts next from every view."""
-LEARNABLE_DECISIONS = (SCORE, ROUTE, PICK)
+LEARNABLE_DECISIONS = (SCORE, OWN_SCORE, ROUTE, PICK)
+DECISION_KINDS = (SCORE, OWN_SCORE, ROUTE)
+"""The :class:`~bidswarm.envs.experts.Demonstration` kinds of the learned decisions (the
+decider's picks are ``route`` demonstrations of its own)."""
 
 
 @dataclass
@@ -123,7 +128,10 @@ class Situation:
                     (a malformed bid reply counts as 0, docs/method.md section 2).
     peer_scores:    ``peer_scores[scorer][proposer]``: the mean token log-prob of ``proposer``'s
                     action proposal under ``scorer``'s own action prompt, for rules that ask
-                    for proposals; the diagonal is only filled for a lone agent.
+                    for proposals; the diagonal is only filled for a lone agent, or (only it)
+                    with ``own_scores``.
+    own_scores:     whether each agent scored its own proposal only (a rule that
+                    :attr:`~CoordinationRule.scores_own_proposal`).
     absent:         agents that dropped out at this step (evaluation ``dropout``): they neither
                     bid, propose nor act, and every rule routes around them.
     expert_choice:  the present agents whose role the task's scripted expert would let act
@@ -142,6 +150,7 @@ class Situation:
     observation: str = ""
     bids: Mapping[int, float] = field(default_factory=dict)
     peer_scores: tuple[tuple[float, ...], ...] = ()
+    own_scores: bool = False
     absent: frozenset[int] = frozenset()
     expert_choice: frozenset[int] = frozenset()
     bid_bonus: Mapping[int, float] = field(default_factory=dict)
@@ -155,10 +164,13 @@ class Situation:
     @property
     def proposal_scores(self) -> dict[int, float]:
         """Each present agent's proposal -> its mean score by the other present agents
-        (:func:`peer_scores`), in index order; empty when the rule asked for no proposals."""
+        (:func:`peer_scores`), or with ``own_scores`` its proposer's own, in index order; empty
+        when the rule asked for no proposals."""
         if not self.peer_scores:
             return {}
         present = self.present
+        if self.own_scores:
+            return {agent: self.peer_scores[agent][agent] for agent in present}
         return dict(zip(present, peer_scores(self.peer_scores, present), strict=True))
 
 
@@ -249,6 +261,9 @@ class CoordinationRule(abc.ABC):
     asks_proposals: ClassVar[bool] = False
     """Whether the collector samples every agent's action proposal and has every agent score
     the others' (the acting proposal is then the action: no second generation)."""
+    scores_own_proposal: ClassVar[bool] = False
+    """Whether each agent scores only its own proposal (a sealed auction on proposals) rather
+    than the other agents'; :attr:`Situation.peer_scores` then holds the diagonal."""
     proposal_scoring: str = ACTION_LOGPROB
     """How peers score the proposals (:data:`PROPOSAL_SCORINGS`): :data:`ACTION_LOGPROB` or
     :data:`USEFULNESS` (a rule may set it per instance, from its config)."""

@@ -23,7 +23,8 @@ class Demonstration:
 
     kind: ``bid`` (reply is the bid level as text) or ``action`` (reply is the action text);
         the decisions a coordination rule learns add ``score`` (reply: the usefulness level of
-        ``proposal``, another role's reply) and ``route`` (reply: the role that should act).
+        ``proposal``, another role's reply), ``own_score`` (the same of the role's own reply)
+        and ``route`` (reply: the role that should act).
     role: None for the monolithic agent's copy of an action demonstration.
     proposal: the reply a ``score`` demonstration rates (empty for the other kinds).
     """

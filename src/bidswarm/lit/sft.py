@@ -41,7 +41,7 @@ from bidswarm.agents.policy import AgentPolicy, micro_batches
 from bidswarm.agents.population import DECIDER_FOLDER, Population, agent_folder_name
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.config import SFTConfig, SFTDemonstrations, SFTMatch
-from bidswarm.coordination.base import DECIDER_NAME
+from bidswarm.coordination.base import DECIDER_NAME, DECISION_KINDS
 from bidswarm.engines import PromptBatch, RolloutEngine
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
@@ -76,8 +76,6 @@ def encode_demonstrations(
     ]
 
 
-DECISION_KINDS = ("score", "route")
-"""The demonstrations of a rule's learned decision (``sft/decision_tokens``)."""
 SAMPLED_KINDS = ("bid", *DECISION_KINDS)
 """The kinds of which ``sft.bid_fraction`` keeps a seeded share: a decision made at every step."""
 

@@ -10,7 +10,8 @@ of the model that read them (the decider's own parameters for the decider).
 
 While :meth:`DecisionReader.labelling` is open, every prompt read is also kept with the task
 expert's answer in that state (the owner's role; the top level for the owner's proposal, the
-lowest for any other): the labels in the swarm's own states that ``run/relabel.py`` trains on.
+lowest for any other; for an agent's own proposal its role's expert bid): the labels in the
+swarm's own states that ``run/relabel.py`` trains on.
 """
 
 from __future__ import annotations
@@ -120,42 +121,48 @@ class DecisionReader:
         envs: list[TextEnv],
         present: list[list[int]],
         proposals: list[list[Reply | None]],
+        own: bool = False,
     ) -> list[tuple[tuple[float, ...], ...]]:
         """Per env, ``[scorer][proposer]``: the expected usefulness level (softmax at
         temperature 1 over the levels' replies) of each present agent's proposal to each other
-        present agent's score prompt (a lone agent scores its own); one batch per scorer."""
+        present agent's score prompt (a lone agent scores its own; with ``own`` every agent
+        only its own, :func:`peer_rows`); one batch per scorer."""
         swarm = self.swarm
         n, levels = swarm.n_agents, swarm.bid_levels
         texts = [format_bid(level) for level in levels]
         useful, useless = format_bid(max(levels)), format_bid(min(levels))
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
         for scorer in range(n):
-            rows = peer_rows(present, scorer)
+            rows = peer_rows(present, scorer, own)
             if not rows:
                 continue
             role = swarm.role(scorer)
             policy = swarm.population.agents[scorer]
             prompts = [
-                swarm.prompts.score(role, envs[e].observation(role), proposals[e][p].text)
+                swarm.prompts.score(role, envs[e].observation(role), proposals[e][p].text, own)
                 for e, p in rows
             ]
             logprobs = self._read(policy, prompts, texts)
             for (e, p), prompt, row in zip(rows, prompts, logprobs.tolist(), strict=True):
                 scores[e][scorer][p] = Expected().read(row, levels, 1.0)
-                owners = self._owners(envs[e])
-                if owners:
-                    label = useful if swarm.role(p) in owners else useless
-                    self._keep(policy, prompt, label)
+                if self.labels is None:
+                    continue
+                expert = expert_levels(envs[e], levels)
+                owners = expert_owners(expert)
+                if own and owners:
+                    self._keep(policy, prompt, format_bid(expert[role]))
+                elif not own and owners:
+                    self._keep(policy, prompt, useful if swarm.role(p) in owners else useless)
         return [tuple(tuple(row) for row in env_scores) for env_scores in scores]
 
 
-def peer_rows(present: list[list[int]], scorer: int) -> list[tuple[int, int]]:
+def peer_rows(present: list[list[int]], scorer: int, own: bool = False) -> list[tuple[int, int]]:
     """(env, proposer) of every proposal ``scorer`` scores: in each env where it is present,
-    every other present agent's (a lone agent scores its own)."""
+    every other present agent's (a lone agent scores its own); with ``own``, its own only."""
     return [
         (e, p)
         for e, agents in enumerate(present)
         if scorer in agents
         for p in agents
-        if p != scorer or len(agents) == 1
+        if (p == scorer if own else p != scorer or len(agents) == 1)
     ]

@@ -211,9 +211,11 @@ class RolloutLoop:
         proposals: list[list[Reply | None]] = [[] for _ in envs]
         if rule.asks_proposals:
             present = [s.present for s in situations]
-            proposals, scores = self._propose(envs, present, generator, rule.proposal_scoring)
+            proposals, scores = self._propose(
+                envs, present, generator, rule.proposal_scoring, rule.scores_own_proposal
+            )
             situations = [
-                replace(s, peer_scores=env_scores)
+                replace(s, peer_scores=env_scores, own_scores=rule.scores_own_proposal)
                 for s, env_scores in zip(situations, scores, strict=True)
             ]
         return situations, bids, proposals
@@ -244,12 +246,14 @@ class RolloutLoop:
         present: list[list[int]],
         generator: torch.Generator,
         scoring: str,
+        own: bool = False,
     ) -> tuple[list[list[Reply | None]], list[tuple[tuple[float, ...], ...]]]:
         """Every present agent's proposed action in every env (``present[env]``; one call of
         the engine, :meth:`Swarm.act_many`), and per env the scores ``[scorer][proposer]`` of
         every proposal by every other present agent (one scoring batch per scorer; a lone agent
-        scores its own): the mean token log-prob under the scorer's action prompt, or with
-        ``scoring`` :data:`USEFULNESS` the scorer's usefulness level (:class:`DecisionReader`)."""
+        scores its own; with ``own`` each agent only its own): the mean token log-prob under
+        the scorer's action prompt, or with ``scoring`` :data:`USEFULNESS` the scorer's
+        usefulness level (:class:`DecisionReader`)."""
         n = self.swarm.n_agents
         proposals: list[list[Reply | None]] = [[None] * n for _ in envs]
         wanted = [
@@ -265,10 +269,10 @@ class RolloutLoop:
             for e, reply in zip(positions, agent_replies, strict=True):
                 proposals[e][agent] = reply
         if scoring == USEFULNESS:
-            return proposals, self.decisions.usefulness(envs, present, proposals)
+            return proposals, self.decisions.usefulness(envs, present, proposals, own)
         scores = [[[0.0] * n for _ in range(n)] for _ in envs]
         for scorer in range(n):
-            rows = peer_rows(present, scorer)
+            rows = peer_rows(present, scorer, own)
             if not rows:
                 continue
             values = self.swarm.score(

@@ -49,7 +49,8 @@ class StepRecord:
               are wanted.
     memory:   the notes the actor read and the note it wrote (None: the memory is off).
     message:  the environment's feedback on the step (shown in the next observation).
-    proposal_scores: each present agent's proposal -> its mean peer score, what a rule that
+    proposal_scores: each present agent's proposal -> its mean peer score (its own bid on it
+              under coordination=proposal_auction), what a rule that
               asks for proposals read (:attr:`Situation.proposal_scores`; empty otherwise).
     expert_levels: each role's expert bid in the state before the step, snapped to the bid
               levels (``envs.experts.expert_levels``): whom the task's expert would let act

@@ -1,9 +1,9 @@
 """[ours] The demonstrations of the decisions a coordination rule learns in place of the bids.
 
 Read from the same expert play as the bid demonstrations (the same worlds, the same states:
-``play_expert_episode``'s ``on_state``), one label source, the expert's owner (the role the
-experts' auction lets act, ``expert_owners``); states where the experts skip have no owner
-and give none. Per state with an owner:
+``play_expert_episode``'s ``on_state``), one label source, the experts' bids: the owner (the
+role the experts' auction lets act, ``expert_owners``), or for ``own_score`` each role's own
+bid; states where the experts skip have no owner and give none. Per state with an owner:
 
 - ``route`` (``coordination=agentnet coordination.router=trained``): every role, as if it held
   the task, names the owner from its own observation: it keeps the task when it owns the step
@@ -11,6 +11,9 @@ and give none. Per state with an owner:
   the bids: every role bids at every state).
 - ``pick`` (``coordination=router``): the decider names the owner from the whole world's
   observation (one per state).
+- ``own_score`` (``coordination=proposal_auction``): every role rates its own reply at its
+  expert's bid there (``levels``), the reply being its latest expert reply as for ``score``
+  (up to N per state, as many as the bids).
 - ``score`` (``coordination=graph_of_agents coordination.scoring=trained``): every role scores
   every other role's reply in that state: the owner's expert action at the top bid level, each
   other role's at the lowest, where a role the plan does not need now (``expert_action`` None)
@@ -25,7 +28,14 @@ own): the arms differ in who acts, not in how the actions were learned.
 
 from __future__ import annotations
 
-from bidswarm.coordination.base import DECIDER_NAME, PICK, ROUTE, SCORE, CoordinationRule
+from bidswarm.coordination.base import (
+    DECIDER_NAME,
+    OWN_SCORE,
+    PICK,
+    ROUTE,
+    SCORE,
+    CoordinationRule,
+)
 from bidswarm.envs.base import MONOLITHIC, TextEnv
 from bidswarm.envs.experts import Demonstration, expert_owners, format_bid, play_expert_episode
 
@@ -52,6 +62,10 @@ def state_demonstrations(
         demos += [Demonstration(ROUTE, role, observations[role], owner) for role in env.roles]
     if PICK in learned:
         demos.append(Demonstration(ROUTE, DECIDER_NAME, env.observation(MONOLITHIC), owner))
+    if OWN_SCORE in learned:
+        for role, reply in latest.items():
+            label = format_bid(levels[role])
+            demos.append(Demonstration(OWN_SCORE, role, observations[role], label, proposal=reply))
     if SCORE in learned:
         useful, useless = format_bid(max(bid_levels)), format_bid(min(bid_levels))
         for scorer in env.roles:

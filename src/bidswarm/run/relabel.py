@@ -33,7 +33,7 @@ from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.coordination.base import DECIDER_NAME
+from bidswarm.coordination.base import DECIDER_NAME, DECISION_KINDS
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.bid_targets import bid_anchor_loss
@@ -55,8 +55,6 @@ RELABEL_DECISIONS = "sft/decision_relabel"
 
 BID_KINDS = ("bid", "action")
 """The demonstrations the bids' rounds train on beside their labels."""
-DECISION_KINDS = ("score", "route")
-"""The demonstrations the decisions' rounds train on beside their labels."""
 
 LabelsOf = Callable[[RolloutLoop, list[Episode], list[DecisionLabel]], list[DecisionLabel]]
 """A round's labels from its episodes and the decision prompts the reader kept while playing."""
