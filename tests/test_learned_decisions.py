@@ -52,7 +52,7 @@ from bidswarm.run.decision_demonstrations import (
     state_demonstrations,
     with_learned_decisions,
 )
-from bidswarm.run.relabel import RELABEL_DECISIONS, relabel_decisions
+from bidswarm.run.relabel import RELABEL_DECISIONS, decision_round_kinds, relabel_decisions
 from conftest import hf_engine
 from test_coordination import LEVELS, envs_at, seeded, task
 
@@ -262,6 +262,18 @@ def test_relabelling_labels_each_own_bid_at_its_roles_expert_bid_in_the_swarms_s
         assert label.policy is policy
         assert label.reply_ids == policy.encode_reply(swarm.prompts.reply_text(reply))
     assert len({reply for _, reply in wanted}) > 1  # the labels tell the agents apart
+
+
+def test_decision_rounds_rehearse_the_actions_of_agents_that_learn_the_decision():
+    in_agents = [
+        ProposalAuction(),
+        GraphOfAgents(GraphOfAgentsConfig(name="graph_of_agents", scoring="trained")),
+        trained_agentnet(),
+    ]
+    for rule in in_agents:
+        assert "action" in decision_round_kinds(rule), rule.name
+        assert set(rule.decisions_learned) - {PICK} <= set(decision_round_kinds(rule))
+    assert "action" not in decision_round_kinds(Router())  # the decider never acts
 
 
 def test_whole_episodes_under_each_trained_rule_read_only_what_they_declare():

@@ -33,7 +33,7 @@ from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.coordination.base import DECIDER_NAME, DECISION_KINDS
+from bidswarm.coordination.base import DECIDER_NAME, DECISION_KINDS, CoordinationRule
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import Demonstration
 from bidswarm.lit.bid_targets import bid_anchor_loss
@@ -108,11 +108,13 @@ def relabel_decisions(
 def relabel_run_decisions(
     loop: RolloutLoop, env: TextEnv, cfg: DictConfig, demonstrations: list[Demonstration]
 ) -> dict[str, float]:
-    """A run's ``coordination.relabel_rounds`` on its demonstration worlds, from its decision
-    demonstrations among ``demonstrations``, at its SFT learning rate and batch size."""
+    """A run's ``coordination.relabel_rounds`` on its demonstration worlds, from its
+    demonstrations among ``demonstrations`` of :func:`decision_round_kinds`, at its SFT
+    learning rate and batch size."""
     sft = cfg.sft
     swarm = loop.swarm
-    start = demonstration_labels(swarm.population, demonstrations, swarm.prompts, DECISION_KINDS)
+    kinds = decision_round_kinds(loop.coordination)
+    start = demonstration_labels(swarm.population, demonstrations, swarm.prompts, kinds)
     return relabel_decisions(
         loop,
         demonstration_worlds(env, cfg),
@@ -123,6 +125,15 @@ def relabel_run_decisions(
         cfg.seed,
         start,
     )
+
+
+def decision_round_kinds(rule: CoordinationRule) -> tuple[str, ...]:
+    """The demonstration kinds ``rule``'s decision rounds train on beside their labels: its
+    decisions' and, where the decision is learned in the agents' own weights (every rule's but
+    the router's, whose decider is a model of its own), the agents' actions, as the bids' rounds
+    do (:data:`BID_KINDS`): alone, an epoch of level replies after prompts so like the action
+    prompt made the tiny agents answer their action prompt with a level."""
+    return DECISION_KINDS if rule.needs_decider else (*DECISION_KINDS, "action")
 
 
 def demonstration_labels(
