@@ -39,18 +39,37 @@ def interval(d) -> str:
     return f"{d.mean:+.1f} ({d.ci_low:+.1f} .. {d.ci_high:+.1f})"
 
 
+def agreement(before: dict, after: dict) -> str:
+    """The actor = expert's choice cell ("–" for a run with no choice of actor: monolithic)."""
+    if AGREE not in after:
+        return "–"
+    return (
+        f"{100 * before.get(AGREE, 0):.0f}% → {100 * after[AGREE]:.0f}% "
+        f"({100 * after.get(f'{AGREE}/on_path', 0):.0f}% / "
+        f"{100 * after.get(f'{AGREE}/off_path', 0):.0f}%)"
+    )
+
+
 def run_row(arm: str, seed: int, state: dict) -> str:
     before, after = state["eval_before"], state["eval_after"]
     mass = [v for k, v in after.items() if k.startswith(f"{names.VALID_LEVEL_MASS}/")]
-    gap = paired_difference(state["eval_after_expert_owner_worlds"], state["eval_after_worlds"])
+    gap = expert_owner_gap([(seed, state)], "eval_after")
     regret = after.get(f"{names.REGRET}/mean")
     return (
         f"| {arm} | {seed} | {before['reward/mean']:.1f} → {after['reward/mean']:.1f} "
-        f"| {100 * before.get(AGREE, 0):.0f}% → {100 * after.get(AGREE, 0):.0f}% "
-        f"({100 * after.get(f'{AGREE}/on_path', 0):.0f}% / "
-        f"{100 * after.get(f'{AGREE}/off_path', 0):.0f}%) "
-        f"| {min(mass):.2f} | {interval(gap)} | {'–' if regret is None else f'{regret:.1f}'} |"
+        f"| {agreement(before, after)} "
+        f"| {f'{min(mass):.2f}' if mass else '–'} | {gap} "
+        f"| {'–' if regret is None else f'{regret:.1f}'} |"
     )
+
+
+def expert_owner_gap(runs: list[tuple[int, dict]], evaluation: str) -> str:
+    """``expert_owner`` − the run's own rule at ``evaluation``, paired over seeds x worlds ("–"
+    for runs with no rule to swap: the monolithic agent's)."""
+    key = f"{evaluation}_expert_owner_worlds"
+    if any(key not in state for _, state in runs):
+        return "–"
+    return interval(paired_difference(cells(runs, key), cells(runs, f"{evaluation}_worlds")))
 
 
 def regret_over_runs(runs: list[tuple[int, dict]]) -> str:
@@ -100,12 +119,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     reference = arms.get(args.reference, [])
     for name, runs in arms.items():
-        before = paired_difference(
-            cells(runs, "eval_before_expert_owner_worlds"), cells(runs, "eval_before_worlds")
-        )
-        after = paired_difference(
-            cells(runs, "eval_after_expert_owner_worlds"), cells(runs, "eval_after_worlds")
-        )
+        before = expert_owner_gap(runs, "eval_before")
+        after = expert_owner_gap(runs, "eval_after")
         versus = "–"
         if reference and name != args.reference:
             shared = {s for s, _ in runs} & {s for s, _ in reference}
@@ -113,8 +128,7 @@ def main() -> None:
             theirs = cells(reference, "eval_after_worlds")
             versus = interval(paired_difference(mine, theirs)) + f" ({len(shared)} seeds)"
         print(
-            f"| {name} | {len(runs)} | {interval(before)} | {interval(after)} | {versus} "
-            f"| {regret_over_runs(runs)} |"
+            f"| {name} | {len(runs)} | {before} | {after} | {versus} | {regret_over_runs(runs)} |"
         )
 
 

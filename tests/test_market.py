@@ -476,3 +476,28 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         text=True,
     )
     assert missing.returncode != 0 and "nothing" in missing.stderr
+    # a run with no choice of actor (the monolithic agent: no bids, no rule to swap) gets "–"
+    # where the market's cells would be, and its reward still pairs with the reference's
+    alone = tmp_path / "m0"
+    alone.mkdir()
+    (alone / "resolved_config.yaml").write_text("seed: 0\n")
+    worlds = {str(w): 30.0 + w for w in range(4)}
+    after = {"reward/mean": 31.5}
+    (alone / "state.json").write_text(
+        json.dumps(
+            {
+                "eval_before": after,
+                "eval_after": after,
+                "eval_before_worlds": worlds,
+                "eval_after_worlds": worlds,
+            }
+        )
+    )
+    mono = subprocess.run(
+        [sys.executable, str(script), "--arm", f"a={folders[0]}", f"m={alone}", "--reference", "a"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "| m | 0 | 31.5 → 31.5 | – | – | – | – |" in mono
+    assert "| m | 1 | – | – | +20.0 (+20.0 .. +20.0) (1 seeds) | – |" in mono
