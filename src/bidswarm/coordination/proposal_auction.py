@@ -74,7 +74,7 @@ class ProposalAuction(CoordinationRule):
                     actor=winner,
                     winning_bid=top,
                     runner_up=runner_up,
-                    runner_up_bid=others.get(runner_up, 0.0) if runner_up is not None else 0.0,
+                    runner_up_bid=0.0 if runner_up is None else others[runner_up],
                 )
             )
         return decisions
