@@ -8,8 +8,8 @@ each agent first proposes its action (its action prompt, as Graph-of-Agents' age
 bids on its own proposal: its reply to the score prompt (``PromptTemplate.score`` with
 ``own=True``: its observation and its proposal), read as the expected level (softmax at
 temperature 1 over the bid levels' replies, as ``bids.reader=expected`` reads a bid). The
-highest bid acts (ties uniform), its proposal is the action, and the bid is the b_t that credit
-reads (bucket brigade, as the auction's).
+highest bid acts (Eq. 1 of MPT, ``algorithms/auction.py``: ties uniform), its proposal is the
+action, and the bid is the b_t that credit reads (bucket brigade, as the auction's).
 
 The bid on a proposal is learned in the cold start from the experts' demonstrations
 (``decisions_learned`` :data:`OWN_SCORE`, ``run/decision_demonstrations.py``): in each expert
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import random
 
+from bidswarm.algorithms.auction import run_auction
 from bidswarm.checks import Parameter, at_least
 from bidswarm.coordination.base import (
     OWN_SCORE,
@@ -61,20 +62,14 @@ class ProposalAuction(CoordinationRule):
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
         decisions = []
         for s in situations:
-            bids = s.proposal_scores
-            if not bids:
-                decisions.append(Decision(actor=None))
-                continue
-            top = max(bids.values())
-            winner = rng.choice([agent for agent, bid in bids.items() if bid == top])
-            others = {agent: bid for agent, bid in bids.items() if agent != winner}
-            runner_up = max(others, key=others.__getitem__) if others else None
+            scores = s.proposal_scores  # an absent agent bids nothing: 0, never a winner
+            outcome = run_auction([scores.get(a, 0.0) for a in range(s.n_agents)], rng)
             decisions.append(
                 Decision(
-                    actor=winner,
-                    winning_bid=top,
-                    runner_up=runner_up,
-                    runner_up_bid=0.0 if runner_up is None else others[runner_up],
+                    actor=outcome.winner,
+                    winning_bid=outcome.winning_bid,
+                    runner_up=outcome.runner_up,
+                    runner_up_bid=outcome.runner_up_bid,
                 )
             )
         return decisions
