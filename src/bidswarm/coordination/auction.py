@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import random
 
-from bidswarm.algorithms.auction import run_auction
+from bidswarm.algorithms.auction import AuctionOutcome, run_auction
 from bidswarm.coordination.base import CoordinationRule, Decision, Situation, register
+
+
+def decision_of(outcome: AuctionOutcome) -> Decision:
+    """The decision an auction's ``outcome`` makes: its winner acts at its bid, its runner-up
+    and the runner-up's bid recorded (what credit and forks read)."""
+    return Decision(
+        actor=outcome.winner,
+        winning_bid=outcome.winning_bid,
+        runner_up=outcome.runner_up,
+        runner_up_bid=outcome.runner_up_bid,
+    )
 
 
 @register("auction")
@@ -28,15 +39,7 @@ class Auction(CoordinationRule):
                 for a in range(situation.n_agents)
             ]
             if not situation.bid_bonus:
-                outcome = run_auction(bids, rng)
-                decisions.append(
-                    Decision(
-                        actor=outcome.winner,
-                        winning_bid=outcome.winning_bid,
-                        runner_up=outcome.runner_up,
-                        runner_up_bid=outcome.runner_up_bid,
-                    )
-                )
+                decisions.append(decision_of(run_auction(bids, rng)))
                 continue
             # Exploration (``bids.explore``): the order is by bid + bonus, the prices the bids.
             scores = [

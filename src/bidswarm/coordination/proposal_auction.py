@@ -32,6 +32,7 @@ import random
 
 from bidswarm.algorithms.auction import run_auction
 from bidswarm.checks import Parameter, at_least
+from bidswarm.coordination.auction import decision_of
 from bidswarm.coordination.base import (
     OWN_SCORE,
     USEFULNESS,
@@ -64,12 +65,5 @@ class ProposalAuction(CoordinationRule):
         for s in situations:
             scores = s.proposal_scores  # an absent agent bids nothing: 0, never a winner
             outcome = run_auction([scores.get(a, 0.0) for a in range(s.n_agents)], rng)
-            decisions.append(
-                Decision(
-                    actor=outcome.winner,
-                    winning_bid=outcome.winning_bid,
-                    runner_up=outcome.runner_up,
-                    runner_up_bid=outcome.runner_up_bid,
-                )
-            )
+            decisions.append(decision_of(outcome))
         return decisions
