@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 from bidswarm.envs import TASKS, env_class
 from bidswarm.envs.base import EpisodeNotRunning
-from bidswarm.envs.conformance import check_fork_contract, random_reply
+from bidswarm.envs.conformance import check_fork_contract, check_task_contract, random_reply
 from bidswarm.envs.experts import play_expert_episode
+from bidswarm.envs.memory import MemoryConfig
 from bidswarm.envs.research import ResearchConfig, ResearchEnv
 from bidswarm.envs.research.config import WorldSize
 from bidswarm.envs.research.corpus import (
@@ -246,8 +247,10 @@ def _value_read_from(fact: str, relation: Relation) -> str:
     return re.findall(r"[A-Z]\w*(?: (?:of )?[A-Z]\w*)*", fact)[-1]
 
 
-def _expert_step_read_from(text: str) -> tuple[str, str]:
-    """The next (role, reply) of the chain, read off an observation of the generated world."""
+def _expert_steps_read_from(text: str, open_order: bool) -> dict[str, tuple[float, str]]:
+    """Every role's (bid, reply) of the experts, read off an observation of the generated world:
+    the chain's next step at 0.8; with ``open_order``, once a search result's snippet states the
+    last relation's value, the answer from it at 0.8 and the chain's step at 0.6."""
     start, relations = _chain_read_from(re.search(r"^Q: (.*)$", text, re.M)[1])
     facts = int(re.search(r"Facts: (\d+)\.", text)[1])
     title = re.search(r"Page: (?:none|d\d+ (.*) p\d+/\d+)\.", text)[1]
@@ -256,38 +259,51 @@ def _expert_step_read_from(text: str) -> tuple[str, str]:
     notes = re.search(r"^Notes: (.*)$", text, re.M)
     fact = found[1] if found else notes[1] if notes else ""
     if facts == len(relations):
-        return "finder", f"answer({_value_read_from(fact, relations[-1])})"
+        return {"finder": (0.8, f"answer({_value_read_from(fact, relations[-1])})")}
     subject = start if facts == 0 else _value_read_from(fact, relations[facts - 1])
     if title == subject:
-        return "finder", f"browser.find({relations[facts].pattern})"
-    if last.startswith(f'search "{subject}":'):
-        rank = re.search(rf"\[(\d+)\] d\d+ {re.escape(subject)}:", last)[1]
-        return "opener", f"browser.open({rank})"
-    return "searcher", f"browser.search({subject})"
+        return {"finder": (0.8, f"browser.find({relations[facts].pattern})")}
+    if not last.startswith(f'search "{subject}":'):
+        return {"searcher": (0.8, f"browser.search({subject})")}
+    result = re.search(rf"\[(\d+)\] d\d+ {re.escape(subject)}: ([^;]*)", last)
+    steps = {"opener": (0.8, f"browser.open({result[1]})")}
+    relation = relations[-1]
+    if open_order and facts == len(relations) - 1 and relation.target != "year":
+        names = re.findall(r"[A-Z]\w*(?: (?:of )?[A-Z]\w*)*", result[2])
+        if relation.pattern in result[2] and names and names[-1] != subject:
+            steps = {"opener": (0.6, steps["opener"][1]), "finder": (0.8, f"answer({names[-1]})")}
+    return steps
 
 
+@pytest.mark.parametrize("open_order", [False, True])
 @pytest.mark.parametrize("split", ["train", "heldout"])
-def test_the_experts_next_step_can_be_read_off_the_observation(env, split):
+def test_the_experts_next_step_can_be_read_off_the_observation(split, open_order, cache_dir):
     """Every bid and action of the experts follows from the observation text alone: the
     question names the start and the relations, ``Facts`` the hop reached, the latest fact the
-    next subject (or the answer), ``Page`` and ``Last`` whether to search, open or find. No
+    next subject (or the answer), ``Page`` and ``Last`` whether to search, open or find, and
+    with ``task.open_order`` a search result's snippet whether the answer is already shown. No
     hidden part of the gold chain (progress, page positions) decides a demonstration."""
+    env = ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_order=open_order))
     seeds = env.train_seeds()[:60] if split == "train" else env.heldout_seeds()
-    steps = 0
+    steps = shortcuts = 0
     for seed in seeds:
         env.reset(seed)
         while not env.done:
             text = env.observation(None)
-            role, reply = _expert_step_read_from(text)
+            expected = _expert_steps_read_from(text, open_order)
             for other in env.roles:
                 assert env.observation(other) == text
-                assert env.expert_action(other) == (reply if other == role else None), text
-                assert env.expert_bid(other) == (0.8 if other == role else 0.0), text
+                bid, reply = expected.get(other, (0.0, None))
+                assert env.expert_action(other) == reply, text
+                assert env.expert_bid(other) == bid, text
+            bid, reply = max(expected.values())
             assert env.expert_action(None) == reply
-            env.step(role, reply)
+            shortcuts += len(expected) > 1
+            env.step(next(role for role in expected if expected[role][0] == bid), reply)
             steps += 1
         assert env.episode_metrics()["success"] == 1.0, seed
-    assert steps > 400
+    assert steps > 300
+    assert (shortcuts > 0) == open_order  # one question in 10-5 (2-4 hops, 2 hops) shows it early
 
 
 def test_vocabulary_texts_hold_every_page_name(env):
@@ -373,11 +389,42 @@ def test_budget_ends_the_episode(cache_dir):
     assert env.skip().done and env.done and env.episode_metrics()["reward"] == 0.0
 
 
-def test_fork_contract(cache_dir):
-    check_fork_contract(lambda: ResearchEnv(ResearchConfig(cache_dir=cache_dir)), list(range(12)))
-    check_fork_contract(
-        lambda: ResearchEnv(ResearchConfig(cache_dir=cache_dir)), [1_000_000, 1_000_007]
+@pytest.mark.parametrize("open_order", [False, True])
+def test_fork_contract(cache_dir, open_order):
+    def make():
+        return ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_order=open_order))
+
+    check_fork_contract(make, list(range(12)))
+    check_task_contract(make, [0, 1, 2])
+    check_fork_contract(make, [1_000_000, 1_000_007])
+
+
+def test_open_order_answers_sooner_and_contests_the_steps_it_opens(cache_dir):
+    """``task.open_order``: the experts answer every held-out question, never take more
+    decisions than the paper's experts on it, and fewer on some; the steps where the answer is
+    already on screen are contested (the Opener bids the longer way, 0.6): what forks compare."""
+    paper = ResearchEnv(ResearchConfig(cache_dir=cache_dir))
+    opened = ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_order=True))
+    sooner = contested = 0
+    for seed in paper.heldout_seeds():
+        before = play_expert_episode(paper, seed, BID_LEVELS)
+        after = play_expert_episode(opened, seed, BID_LEVELS)
+        assert after.metrics["success"] == 1.0 and after.skipped == 0
+        assert after.decisions <= before.decisions
+        sooner += after.decisions < before.decisions
+        bids = [float(d.reply) for d in after.demonstrations if d.kind == "bid"]
+        states = [sorted(bids[i : i + 3]) for i in range(0, len(bids), 3)]
+        contested += sum(state[-2] > 0.0 for state in states)
+        assert all(state[-1] > state[-2] for state in states)  # the experts never tie at the top
+    assert sooner == contested and 3 <= sooner <= 25  # of 50 held-out questions (5 here)
+
+
+def test_open_order_with_private_results_is_refused_naming_the_key(cache_dir):
+    config = ResearchConfig(
+        cache_dir=cache_dir, open_order=True, private_results=True, memory=MemoryConfig(size=2)
     )
+    with pytest.raises(ValueError, match=r"task\.open_order=True"):
+        ResearchEnv(config)
 
 
 def test_snapshot_is_plain_data(env):

@@ -127,6 +127,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
     assert resumed["eval_after"] == whole["eval_after"]
 
 
+@pytest.mark.slow  # ~85 s; test_reliability's dead-process test runs DDP in the default tier
 def test_ddp_with_two_cpu_processes(tmp_path):
     """Both held-out evaluations are spread over the two processes (4 batches of one episode)
     and process 0 records all of them."""

@@ -41,6 +41,7 @@ class ResearchConfig(TaskConfig):
     private_results: see the field (the memory experiment's variant, docs/memory.md).
     actions: ``split`` (the paper's) or ``shared`` [ours]: every role may call every tool and
         the world draws whose call of each works (``research/shared.py``).
+    open_order: see the field (who moves the question on is a choice, docs/environments.md).
     """
 
     name: str = "research"
@@ -72,6 +73,13 @@ class ResearchConfig(TaskConfig):
     """[ours] Each role sees only its own tool's latest result (the others see which call was
     made, not what it returned) and the facts found are not listed: what one role learns reaches
     another only through the shared memory, which it needs (``task.memory.size`` >= 1)."""
+
+    open_order: bool = False
+    """[ours] The experts leave open when to answer: once a search result's snippet shows the
+    final answer, the Finder may answer from it (bid 0.8) or the Opener may open the page to
+    find the fact first, the longer way (bid 0.6, ``ALTERNATIVE_BID``), so the step is
+    contested and who acts decides how soon the question is answered. False: the paper's
+    experts, one step after another along the chain."""
 
     def problems(self) -> list[str]:
         problems = Problems(super().problems())
@@ -122,6 +130,13 @@ class ResearchConfig(TaskConfig):
             "task.actions",
             self.actions,
             "task.private_results is the split variant's: use task.actions=split",
+        )
+        problems.require(
+            not (self.private_results and self.open_order),
+            "task.open_order",
+            self.open_order,
+            "the private-results experts decide from their own views only: unset one of "
+            "task.open_order and task.private_results",
         )
         if self.judge_url is not None:
             problems.require(

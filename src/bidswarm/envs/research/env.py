@@ -52,6 +52,8 @@ MESSAGE_WORDS = 12
 TITLE_WORDS = 6
 FIND_MATCHES_SHOWN = 2
 EXPERT_BID = 0.8
+ALTERNATIVE_BID = 0.6
+"""With ``task.open_order``: the bid of a step that moves the question on the longer way."""
 SEARCH_CALL = re.compile(r"browser\.search\((.*)\)$")
 """A search call on the ``Team`` line (lower case), and its query."""
 
@@ -579,19 +581,61 @@ class ResearchEnv(TextEnv):
                 rules.append("browser.open(1)")
         return next((rule for rule in rules if rule is not None), None)
 
-    def expert_action(self, role: str | None) -> str | None:
-        if self.config.private_results:
-            return self._private_expert_reply(role)
-        step = self._next_expert_step()
-        if step is None or (role is not None and role != self._expert_owner(step)):
+    def _answer_shortcut(self) -> str | None:
+        """With ``open_order``: ``answer(<final answer>)`` while the last hop's fact is still to
+        find and the search results on screen show its page with a snippet that holds the final
+        answer (e.g. ``[2] d0412 Brennik: was born in Ygrad``); None otherwise."""
+        s = self._state
+        hops = self.question.hops
+        if not self.config.open_order or s["done"] or not hops or len(s["notes"]) != len(hops) - 1:
             return None
-        return step[1]
+        if not s["last_result"].startswith('search "'):
+            return None
+        position = self.data.position[hops[-1].doc_id]
+        if position not in s["results"] or s["open_doc"] == position:
+            return None
+        document = self.data.documents[position]
+        shown = snippet(document.title, document.text)
+        rank = s["results"].index(position) + 1
+        line = f"[{rank}] {document.id} {document.title}: {shown}".lower()
+        answer = hops[-1].answer
+        if answer.lower() not in shown.lower() or line not in self.observation(None).lower():
+            return None
+        return f"answer({answer})"
+
+    def _expert_steps(self) -> dict[str, tuple[float, str]]:
+        """Role -> (its expert bid, its reply) for every role whose step moves the question on
+        now; empty: the experts skip. The chain's next step is its owner's at ``EXPERT_BID``;
+        with ``open_order`` and an answer on screen (:meth:`_answer_shortcut`) the answer is
+        the ``answer`` tool owner's at ``EXPERT_BID`` and the chain's step becomes the longer
+        way at ``ALTERNATIVE_BID`` (one role owning both answers)."""
+        if self.config.private_results:
+            return {
+                role: (EXPERT_BID, reply)
+                for role in self.roles
+                if (reply := self._private_expert_reply(role)) is not None
+            }
+        step = self._next_expert_step()
+        if step is None:
+            return {}
+        shortcut = self._answer_shortcut()
+        if shortcut is None:
+            return {self._expert_owner(step): (EXPERT_BID, step[1])}
+        return {
+            self._expert_owner(step): (ALTERNATIVE_BID, step[1]),
+            self._expert_owner(("finder", shortcut)): (EXPERT_BID, shortcut),
+        }
+
+    def expert_action(self, role: str | None) -> str | None:
+        if role is None and self.config.private_results:
+            return self._private_expert_reply(None)
+        steps = self._expert_steps()
+        if role is None:
+            return max(steps.values(), default=(0.0, None))[1]
+        return steps[role][1] if role in steps else None
 
     def expert_bid(self, role: str) -> float:
-        if self.config.private_results:
-            return EXPERT_BID if self._private_expert_reply(role) is not None else 0.0
-        step = self._next_expert_step()
-        return EXPERT_BID if step is not None and self._expert_owner(step) == role else 0.0
+        return self._expert_steps().get(role, (0.0, ""))[0]
 
     def _expert_owner(self, step: tuple[str, str]) -> str:
         """Who takes an expert step: its tool's owner (shared actions: whose call of the tool
