@@ -26,6 +26,7 @@ from bidswarm.coordination.base import (
     ROUTE,
     SCORE,
     USEFULNESS,
+    CoordinationRule,
     Decision,
     Situation,
     likeliest,
@@ -199,13 +200,25 @@ def test_routes_are_the_teacher_forced_logprobs_of_each_roles_name_and_are_count
     assert swarm.usage.rollout_tokens > tokens
 
 
-def test_trained_peer_scores_are_the_expected_usefulness_level_of_the_score_prompt():
+GATHER_SEEDS = (3, 4)
+
+
+def gathering(rule: CoordinationRule) -> tuple[Swarm, RolloutLoop, list]:
+    """A fresh swarm, its rollout loop under ``rule`` and envs at :data:`GATHER_SEEDS`."""
     swarm = build_swarm()
+    return swarm, RolloutLoop(lambda: make_env(task()), swarm, rule), envs_at(list(GATHER_SEEDS))
+
+
+def gather(loop: RolloutLoop, envs: list) -> tuple[list, list, list]:
+    """One step's gathering of ``loop`` on ``envs``: (situations, bids, proposals)."""
+    episodes = [Episode(seed) for seed in GATHER_SEEDS]
+    return loop._gather(envs, episodes, seeded(7), random.Random(0))
+
+
+def test_trained_peer_scores_are_the_expected_usefulness_level_of_the_score_prompt():
     rule = GraphOfAgents(GraphOfAgentsConfig(name="graph_of_agents", scoring="trained"))
-    loop = RolloutLoop(lambda: make_env(task()), swarm, rule)
-    envs = envs_at([3, 4])
-    episodes = [Episode(seed) for seed in (3, 4)]
-    situations, _, proposals = loop._gather(envs, episodes, seeded(7), random.Random(0))
+    swarm, loop, envs = gathering(rule)
+    situations, _, proposals = gather(loop, envs)
     for e, s in enumerate(situations):
         for scorer, role in enumerate(ROLES):
             policy = swarm.population.agents[scorer]
@@ -222,11 +235,8 @@ def test_trained_peer_scores_are_the_expected_usefulness_level_of_the_score_prom
 
 
 def test_the_proposal_auctions_bids_are_each_agents_expected_level_on_its_own_proposal():
-    swarm = build_swarm()
-    loop = RolloutLoop(lambda: make_env(task()), swarm, ProposalAuction())
-    envs = envs_at([3, 4])
-    episodes = [Episode(seed) for seed in (3, 4)]
-    situations, _, proposals = loop._gather(envs, episodes, seeded(7), random.Random(0))
+    swarm, loop, envs = gathering(ProposalAuction())
+    situations, _, proposals = gather(loop, envs)
     for e, s in enumerate(situations):
         for agent, role in enumerate(ROLES):
             policy = swarm.population.agents[agent]
@@ -243,12 +253,9 @@ def test_the_proposal_auctions_bids_are_each_agents_expected_level_on_its_own_pr
 
 
 def test_relabelling_labels_each_own_bid_at_its_roles_expert_bid_in_the_swarms_state():
-    swarm = build_swarm()
-    loop = RolloutLoop(lambda: make_env(task()), swarm, ProposalAuction())
-    envs = envs_at([3, 4])
-    episodes = [Episode(seed) for seed in (3, 4)]
+    swarm, loop, envs = gathering(ProposalAuction())
     with loop.decisions.labelling() as labels:
-        loop._gather(envs, episodes, seeded(7), random.Random(0))
+        gather(loop, envs)
     levels = [expert_levels(env, LEVELS) for env in envs]
     assert all(len(expert_owners(env_levels)) == 1 for env_levels in levels)
     wanted = [  # one batch per agent, its envs in order

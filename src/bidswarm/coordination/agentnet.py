@@ -173,7 +173,6 @@ class AgentNet(CoordinationRule):
             Parameter("memory_size", at_least(1)),
             Parameter("neighbours", at_least(1)),
             Parameter("min_overlap", unit_interval()),  # a Jaccard overlap
-            Parameter("relabel_rounds", at_least(0)),
         ]
 
     @classmethod

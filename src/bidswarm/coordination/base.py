@@ -299,7 +299,10 @@ class CoordinationRule(abc.ABC):
         """Every field of :attr:`Config` (but ``name``) with its allowed values; a rule with
         parameters extends the list (``tests/test_coordination.py`` checks that none is left
         out and that each refused value is refused naming its key)."""
-        return [*BID_LEVELS, Parameter("replicas", at_least(1))]
+        parameters = [*BID_LEVELS, Parameter("replicas", at_least(1))]
+        if issubclass(cls.Config, LearnedDecisionConfig):
+            parameters.append(Parameter("relabel_rounds", at_least(0)))
+        return parameters
 
     @classmethod
     def problems(cls, config: Any) -> list[str]:

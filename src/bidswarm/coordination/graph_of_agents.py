@@ -41,7 +41,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from bidswarm.checks import Parameter, at_least, one_of
+from bidswarm.checks import Parameter, one_of
 from bidswarm.coordination.base import (
     ACTION_LOGPROB,
     SCORE,
@@ -88,11 +88,7 @@ class GraphOfAgents(CoordinationRule):
 
     @classmethod
     def parameters(cls) -> list[Parameter]:
-        return [
-            *super().parameters(),
-            Parameter("scoring", one_of(SCORINGS)),
-            Parameter("relabel_rounds", at_least(0)),
-        ]
+        return [*super().parameters(), Parameter("scoring", one_of(SCORINGS))]
 
     @classmethod
     def problems(cls, config: GraphOfAgentsConfig) -> list[str]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import random
 
 from bidswarm.algorithms.auction import run_auction
-from bidswarm.checks import Parameter, at_least
 from bidswarm.coordination.auction import decision_of
 from bidswarm.coordination.base import (
     OWN_SCORE,
@@ -55,10 +54,6 @@ class ProposalAuction(CoordinationRule):
     proposal_scoring = USEFULNESS
     records_winning_bids = True
     decisions_learned = frozenset({OWN_SCORE})
-
-    @classmethod
-    def parameters(cls) -> list[Parameter]:
-        return [*super().parameters(), Parameter("relabel_rounds", at_least(0))]
 
     def decide(self, situations: list[Situation], rng: random.Random) -> list[Decision]:
         decisions = []

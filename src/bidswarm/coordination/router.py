@@ -26,7 +26,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from bidswarm.checks import Parameter, at_least
 from bidswarm.coordination.base import (
     DECIDER,
     PICK,
@@ -52,10 +51,6 @@ class Router(CoordinationRule):
     needs_decider = True
     asks_routes = True
     decisions_learned = frozenset({PICK})
-
-    @classmethod
-    def parameters(cls) -> list[Parameter]:
-        return [*super().parameters(), Parameter("relabel_rounds", at_least(0))]
 
     def routers(self, situation: Situation) -> list[int]:
         return [DECIDER] if situation.present else []
