@@ -700,10 +700,9 @@ def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
     before = {0: 10.0, 1: 20.0, 2: 30.0, 3: 40.0}
     gains = {0: 4.0, 1: 6.0, 2: 5.0, 3: 9.0}
     after = {w: before[w] + gains[w] for w in before}
-    # Two bid updates: 8 of 10 forks tied, then 6 of 20; 1.5 and 12.5 effective pairs.
-    run = log_evaluated_run(
-        client, experiment_id, "seed=1", before, after, [(10, 8, 1.5), (20, 6, 12.5)]
-    )
+    # Three bid updates: 8 of 10 forks tied, 6 of 20, 5 of 10; 1.5, 12.5, 2.0 effective pairs.
+    forks = [(10, 8, 1.5), (20, 6, 12.5), (10, 5, 2.0)]
+    run = log_evaluated_run(client, experiment_id, "seed=1", before, after, forks)
     # Untied paper pairs 20% then 70%; one control measured, half of it untied.
     for update, untied in enumerate((0.2, 0.7)):
         client.log_metric(run, "forks/untied", untied, step=5 * update + 4)
@@ -716,7 +715,7 @@ def test_the_per_run_table_reads_each_runs_gain_and_forks_from_mlflow(tmp_path):
     assert "participation % logger/smith |" in table
     assert (
         f"| {reading.DEFAULT_STRATEGY} | 1 | 25.0 | 31.0 | +6.0 | {gain.ci_low:+.1f} .. "
-        f"{gain.ci_high:+.1f} | 0% → 25% | 10/90 → 30/70 | 55% | 7.0 | 45% / 50% |"
+        f"{gain.ci_high:+.1f} | 0% → 25% | 10/90 → 30/70 | 53% | 5.3 (2.0) | 45% / 50% |"
     ) in table
     assert "| rl.fork_budget=0 | 0 | 25.0 | 25.0 | +0.0 | +0.0 .. +0.0 | 0% → 25% " in table
     assert table.splitlines()[-1].endswith("| – | – | – |")

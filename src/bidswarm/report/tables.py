@@ -5,6 +5,7 @@ the budget, RL gain (reward and task success), participation, winning-bid and ou
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import median
 
 from bidswarm import statistics
 from bidswarm.report.reading import BUDGET_COLUMNS, RunResult, pass_ks
@@ -215,9 +216,9 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
     """Markdown: one row per training run evaluated on the held-out worlds before and after RL
     (by strategy, then training seed): both rewards, RL − SFT with its 95% t interval over the
     worlds, task success, participation per role, and its bid updates' forks (the share of the
-    forks played that tied, :func:`forks_tied`, the effective pairs per bid update and the
-    untied share of the paper's pairs against the control branches', each the mean over the
-    bid updates that logged it, :func:`curve_mean`); empty when no run measured both."""
+    forks played that tied, :func:`forks_tied`, the effective pairs per bid update (mean and
+    median) and the untied share of the paper's pairs against the control branches', each
+    over the bid updates that logged it, :func:`curve_mean`); empty when no run measured both."""
     measured = [
         (strategy, r)
         for strategy, results in groups.items()
@@ -234,9 +235,10 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
         "with its 95% t interval over those worlds (one run: training-seed variation is not in "
         "it), task success, participation (share of acting steps per role), and the forks of "
         "its bid updates: the share of the forks played that tied, the effective number of "
-        "weighted pairs, and the untied share of the paper's pairs against that of the control "
-        "branches (the recorded winner acting again: how often noise alone decides a pair), "
-        "each averaged over the run's bid updates (– : none measured).",
+        "weighted pairs (mean, and median in brackets), and the untied share of the paper's "
+        "pairs against that of the control branches (the recorded winner acting again: how "
+        "often noise alone decides a pair), each over the run's bid updates (– : none "
+        "measured).",
         "",
         f"| strategy | seed | after SFT | after RL | RL − SFT | 95% CI (over worlds) | task "
         f"success | {participation} | forks tied | effective pairs / bid update "
@@ -252,6 +254,7 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
             f"{100 * success[0]:.0f}% → {100 * success[1]:.0f}%" if None not in success else ""
         )
         tied, pairs = forks_tied(r), curve_mean(r, "forks/effective_pairs")
+        median_pairs = curve_median(r, "forks/effective_pairs")
         untied = [curve_mean(r, f"forks/{k}") for k in ("untied", "control_untied")]
         shown_untied = "–" if None in untied else f"{100 * untied[0]:.0f}% / {100 * untied[1]:.0f}%"
         seed = "–" if r.training_seed is None else str(r.training_seed)
@@ -260,7 +263,7 @@ def run_table(groups: dict[str, list[RunResult]]) -> str:
             f"| {d.mean:+.1f} | {d.ci_low:+.1f} .. {d.ci_high:+.1f} | {shown_success} "
             f"| {run_participation(r, shared_roles)} "
             f"| {'–' if tied is None else f'{100 * tied:.0f}%'} "
-            f"| {'–' if pairs is None else f'{pairs:.1f}'} | {shown_untied} |"
+            f"| {'–' if pairs is None else f'{pairs:.1f} ({median_pairs:.1f})'} | {shown_untied} |"
         )
     return "\n".join(lines)
 
@@ -293,6 +296,12 @@ def curve_mean(result: RunResult, key: str) -> float | None:
     effective number of weighted pairs; ``forks/untied``); None where none did."""
     values = result.curves.get(key, [])
     return sum(values) / len(values) if values else None
+
+
+def curve_median(result: RunResult, key: str) -> float | None:
+    """Median over the run's bid updates that logged ``key``; None where none did."""
+    values = result.curves.get(key, [])
+    return median(values) if values else None
 
 
 def success_gain_table(groups: dict[str, list[RunResult]]) -> str:
