@@ -117,6 +117,7 @@ def test_a_rule_without_bids_makes_only_the_action_updates_and_logs_its_budget(t
     assert not any(key.startswith("sft/relabel/") for key in metrics)
 
 
+@pytest.mark.slow  # ~75 s; test_reliability's signal-then-resume test is the default tier's
 def test_killed_run_resumes_to_the_same_result(tmp_path):
     common = ["debug=smoke", "rl.cycles=2", "eval.before_rl=false"]
     whole = read_state(run_cli(tmp_path, *common, name="whole"))
