@@ -35,8 +35,8 @@ def cells(runs: list[tuple[int, dict]], key: str) -> dict[tuple[int, int], float
     return {(seed, int(w)): r for seed, state in runs for w, r in state[key].items()}
 
 
-def interval(d) -> str:
-    return f"{d.mean:+.1f} ({d.ci_low:+.1f} .. {d.ci_high:+.1f})"
+def interval(d, digits: int) -> str:
+    return f"{d.mean:+.{digits}f} ({d.ci_low:+.{digits}f} .. {d.ci_high:+.{digits}f})"
 
 
 def agreement(before: dict, after: dict) -> str:
@@ -50,42 +50,47 @@ def agreement(before: dict, after: dict) -> str:
     )
 
 
-def run_row(arm: str, seed: int, state: dict) -> str:
+def run_row(arm: str, seed: int, state: dict, digits: int) -> str:
     before, after = state["eval_before"], state["eval_after"]
     mass = [v for k, v in after.items() if k.startswith(f"{names.VALID_LEVEL_MASS}/")]
-    gap = expert_owner_gap([(seed, state)], "eval_after")
+    gap = expert_owner_gap([(seed, state)], "eval_after", digits)
     regret = after.get(f"{names.REGRET}/mean")
     return (
-        f"| {arm} | {seed} | {before['reward/mean']:.1f} → {after['reward/mean']:.1f} "
-        f"| {agreement(before, after)} "
+        f"| {arm} | {seed} | {before['reward/mean']:.{digits}f} → "
+        f"{after['reward/mean']:.{digits}f} | {agreement(before, after)} "
         f"| {f'{min(mass):.2f}' if mass else '–'} | {gap} "
-        f"| {'–' if regret is None else f'{regret:.1f}'} |"
+        f"| {'–' if regret is None else f'{regret:.{digits}f}'} |"
     )
 
 
-def expert_owner_gap(runs: list[tuple[int, dict]], evaluation: str) -> str:
+def expert_owner_gap(runs: list[tuple[int, dict]], evaluation: str, digits: int) -> str:
     """``expert_owner`` − the run's own rule at ``evaluation``, paired over seeds x worlds ("–"
     for runs with no rule to swap: the monolithic agent's)."""
     key = f"{evaluation}_expert_owner_worlds"
     if any(key not in state for _, state in runs):
         return "–"
-    return interval(paired_difference(cells(runs, key), cells(runs, f"{evaluation}_worlds")))
+    differences = paired_difference(cells(runs, key), cells(runs, f"{evaluation}_worlds"))
+    return interval(differences, digits)
 
 
-def regret_over_runs(runs: list[tuple[int, dict]]) -> str:
+def regret_over_runs(runs: list[tuple[int, dict]], digits: int) -> str:
     """The mean of the runs' who-should-act regrets after RL and its t interval over the runs."""
     regrets = [state["eval_after"].get(f"{names.REGRET}/mean") for _, state in runs]
     if not regrets or None in regrets:
         return "–"
     r = summarize(regrets)
-    return f"{r.mean:.1f} ({r.ci_low:.1f} .. {r.ci_high:.1f})"
+    return f"{r.mean:.{digits}f} ({r.ci_low:.{digits}f} .. {r.ci_high:.{digits}f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arm", action="append", nargs="+", required=True, metavar="NAME=DIR")
     parser.add_argument("--reference", help="the arm the others are compared with after RL")
+    parser.add_argument(
+        "--digits", type=int, default=1, help="decimals of rewards (research, up to 1.0: 2)"
+    )
     args = parser.parse_args()
+    digits = args.digits
     arms: dict[str, list[tuple[int, dict]]] = {}
     folders: dict[str, list[Path]] = {}
     for spec in args.arm:
@@ -110,7 +115,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name, runs in arms.items():
         for seed, state in runs:
-            print(run_row(name, seed, state))
+            print(run_row(name, seed, state, digits))
     print()
     print(
         "| arm | seeds | expert_owner − own after SFT | after RL | arm − reference after RL "
@@ -119,17 +124,17 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     reference = arms.get(args.reference, [])
     for name, runs in arms.items():
-        before = expert_owner_gap(runs, "eval_before")
-        after = expert_owner_gap(runs, "eval_after")
+        before = expert_owner_gap(runs, "eval_before", digits)
+        after = expert_owner_gap(runs, "eval_after", digits)
         versus = "–"
         if reference and name != args.reference:
             shared = {s for s, _ in runs} & {s for s, _ in reference}
             mine = {k: v for k, v in cells(runs, "eval_after_worlds").items() if k[0] in shared}
             theirs = cells(reference, "eval_after_worlds")
-            versus = interval(paired_difference(mine, theirs)) + f" ({len(shared)} seeds)"
-        print(
-            f"| {name} | {len(runs)} | {before} | {after} | {versus} | {regret_over_runs(runs)} |"
-        )
+            versus = interval(paired_difference(mine, theirs), digits)
+            versus += f" ({len(shared)} seeds)"
+        regret = regret_over_runs(runs, digits)
+        print(f"| {name} | {len(runs)} | {before} | {after} | {versus} | {regret} |")
 
 
 if __name__ == "__main__":
