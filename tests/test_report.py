@@ -595,7 +595,7 @@ def test_rl_gain_and_participation_shift_per_strategy():
     rl = statistics.clustered_summary({(s, w): 10.0 + w + s for s in (0, 1, 2) for w in worlds})
     assert (
         f"| mpt | 7.50 ({sft.ci_low:.2f} .. {sft.ci_high:.2f}) "
-        f"| 13.50 ({rl.ci_low:.2f} .. {rl.ci_high:.2f}) | +6.00 | +6.00 .. +6.00 "
+        f"| 13.50 ({rl.ci_low:.2f} .. {rl.ci_high:.2f}) | +6.00 | +6.00 .. +6.00 | 0.00 "
         "| after RL > after SFT |"
     ) in gains
     assert sft.ci_low < 7.5 < sft.ci_high

@@ -93,6 +93,23 @@ def test_only_shared_keys_are_paired():
         paired_difference({0: 1.0}, {1: 1.0})
 
 
+def test_a_difference_of_the_detectable_size_is_found_about_four_times_in_five():
+    rng = random.Random(3)
+
+    def draw(effect: float) -> object:
+        before = {w: rng.gauss(0, 5) for w in range(30)}
+        return paired_difference(
+            {w: v + effect + rng.gauss(0, 1) for w, v in before.items()}, before
+        )
+
+    size = sum(draw(0.0).detectable for _ in range(200)) / 200
+    # sd 1 over 30 worlds: (1.96 + 0.84) / sqrt(30) ~ 0.51, a little more for t's tails.
+    assert 0.48 < size < 0.58
+    found = sum(draw(size).verdict == "A > B" for _ in range(400)) / 400
+    assert 0.72 < found < 0.90
+    assert paired_difference({0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0}).detectable == 0.0
+
+
 def shifted_for_one_training_seed() -> tuple[dict, dict]:
     """Three training seeds x 12 worlds: B - A is 1 +- 0.5 everywhere, plus 20 for seed 0."""
     rng = random.Random(1)

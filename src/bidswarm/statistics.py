@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 CONFIDENCE = 0.95
+POWER = 0.8
 """Coverage of every interval in this module."""
 NO_DIFFERENCE = "no difference detected"
 
@@ -126,6 +127,15 @@ class Difference:
     ci_high: float
     n: int
     verdict: str
+
+    @property
+    def detectable(self) -> float:
+        """The smallest true difference this design finds with probability :data:`POWER` at
+        the two-sided level 1 - :data:`CONFIDENCE`: (z_{0.975} + z_{0.8}) / z_{0.975} times the
+        interval's half-width (the normal approximation, 1.43x; with few degrees of freedom
+        the exact t quantiles give a smaller factor, so this errs large). 0 with no spread."""
+        z = _normal_quantile(0.5 + CONFIDENCE / 2)
+        return (self.ci_high - self.ci_low) / 2 * (z + _normal_quantile(POWER)) / z
 
 
 def paired_difference(

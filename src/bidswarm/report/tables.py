@@ -172,10 +172,13 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
     lines = [
         "What RL adds to each strategy's own cold start: held-out reward after RL minus after "
         "SFT, paired on the same (training seed, world) cells; each mean and the difference "
-        "with its 95% CI by the two-way random-effects analysis of training seeds x worlds.",
+        "with its 95% CI by the two-way random-effects analysis of training seeds x worlds, "
+        "and the smallest difference these cells would detect with 80% power (1.43x the "
+        "interval's half-width).",
         "",
-        "| strategy | after SFT (95% CI) | after RL (95% CI) | RL − SFT | 95% CI | verdict |",
-        "|---|---|---|---|---|---|",
+        "| strategy | after SFT (95% CI) | after RL (95% CI) | RL − SFT | 95% CI | detectable "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|",
     ]
     found = one_seed = False
     for strategy, results in groups.items():
@@ -205,7 +208,7 @@ def rl_gain_table(groups: dict[str, list[RunResult]]) -> str:
         lines.append(
             f"| {strategy} | {sft.mean:.2f} ({sft.ci_low:.2f} .. {sft.ci_high:.2f}){mark} "
             f"| {rl.mean:.2f} ({rl.ci_low:.2f} .. {rl.ci_high:.2f}){mark} | {d.mean:+.2f} "
-            f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.verdict} |"
+            f"| {d.ci_low:+.2f} .. {d.ci_high:+.2f} | {d.detectable:.2f} | {d.verdict} |"
         )
     if one_seed:
         lines += ["", f"¹ {ONE_SEED}."]
