@@ -31,7 +31,7 @@ from bidswarm.envs.research.corpus import (
     write_jsonl,
 )
 from bidswarm.envs.research.search import SearchIndex
-from bidswarm.envs.research.tools import find_in_text, parse_call
+from bidswarm.envs.research.tools import find_in_text, parse_call, snippet
 from bidswarm.envs.research.world import RELATIONS, Relation, generate_world
 from conftest import CONF
 
@@ -247,10 +247,13 @@ def _value_read_from(fact: str, relation: Relation) -> str:
     return re.findall(r"[A-Z]\w*(?: (?:of )?[A-Z]\w*)*", fact)[-1]
 
 
-def _expert_steps_read_from(text: str, open_order: bool) -> dict[str, tuple[float, str]]:
+def _expert_steps_read_from(
+    text: str, open_order: bool, open_hops: bool
+) -> dict[str, tuple[float, str]]:
     """Every role's (bid, reply) of the experts, read off an observation of the generated world:
-    the chain's next step at 0.8; with ``open_order``, once a search result's snippet states the
-    last relation's value, the answer from it at 0.8 and the chain's step at 0.6."""
+    the chain's next step at 0.8; once a search result's snippet states the value the hop
+    reached asks for, with ``open_order`` at the last hop the answer from it, with
+    ``open_hops`` at an earlier hop the search for it, at 0.8, and the chain's step at 0.6."""
     start, relations = _chain_read_from(re.search(r"^Q: (.*)$", text, re.M)[1])
     facts = int(re.search(r"Facts: (\d+)\.", text)[1])
     title = re.search(r"Page: (?:none|d\d+ (.*) p\d+/\d+)\.", text)[1]
@@ -267,30 +270,42 @@ def _expert_steps_read_from(text: str, open_order: bool) -> dict[str, tuple[floa
         return {"searcher": (0.8, f"browser.search({subject})")}
     result = re.search(rf"\[(\d+)\] d\d+ {re.escape(subject)}: ([^;]*)", last)
     steps = {"opener": (0.8, f"browser.open({result[1]})")}
-    relation = relations[-1]
-    if open_order and facts == len(relations) - 1 and relation.target != "year":
+    relation, final = relations[facts], facts == len(relations) - 1
+    if (open_order if final else open_hops) and relation.target != "year":
         names = re.findall(r"[A-Z]\w*(?: (?:of )?[A-Z]\w*)*", result[2])
         if relation.pattern in result[2] and names and names[-1] != subject:
-            steps = {"opener": (0.6, steps["opener"][1]), "finder": (0.8, f"answer({names[-1]})")}
+            shortcut = ("finder", "answer") if final else ("searcher", "browser.search")
+            steps = {
+                "opener": (0.6, steps["opener"][1]),
+                shortcut[0]: (0.8, f"{shortcut[1]}({names[-1]})"),
+            }
     return steps
 
 
-@pytest.mark.parametrize("open_order", [False, True])
+@pytest.mark.parametrize(
+    ("open_order", "open_hops"), [(False, False), (True, False), (False, True), (True, True)]
+)
 @pytest.mark.parametrize("split", ["train", "heldout"])
-def test_the_experts_next_step_can_be_read_off_the_observation(split, open_order, cache_dir):
+def test_the_experts_next_step_can_be_read_off_the_observation(
+    split, open_order, open_hops, cache_dir
+):
     """Every bid and action of the experts follows from the observation text alone: the
     question names the start and the relations, ``Facts`` the hop reached, the latest fact the
     next subject (or the answer), ``Page`` and ``Last`` whether to search, open or find, and
-    with ``task.open_order`` a search result's snippet whether the answer is already shown. No
-    hidden part of the gold chain (progress, page positions) decides a demonstration."""
-    env = ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_order=open_order))
+    with ``task.open_order`` or ``task.open_hops`` a search result's snippet whether the hop's
+    value is already shown (a search that follows a snippet notes it, so ``Facts`` still counts
+    the hops). No hidden part of the gold chain (progress, page positions) decides a
+    demonstration."""
+    env = ResearchEnv(
+        ResearchConfig(cache_dir=cache_dir, open_order=open_order, open_hops=open_hops)
+    )
     seeds = env.train_seeds()[:60] if split == "train" else env.heldout_seeds()
     steps = shortcuts = 0
     for seed in seeds:
         env.reset(seed)
         while not env.done:
             text = env.observation(None)
-            expected = _expert_steps_read_from(text, open_order)
+            expected = _expert_steps_read_from(text, open_order, open_hops)
             for other in env.roles:
                 assert env.observation(other) == text
                 bid, reply = expected.get(other, (0.0, None))
@@ -302,8 +317,11 @@ def test_the_experts_next_step_can_be_read_off_the_observation(split, open_order
             env.step(next(role for role in expected if expected[role][0] == bid), reply)
             steps += 1
         assert env.episode_metrics()["success"] == 1.0, seed
+        # A hop moved past from a snippet counts once noted; an answer from one leaves it out.
+        assert env.episode_metrics()["hops_found"] >= len(env.question.hops) - open_order, seed
     assert steps > 300
-    assert (shortcuts > 0) == open_order  # one question in 10-5 (2-4 hops, 2 hops) shows it early
+    # One question in 10-5 (2-4 hops, 2 hops) shows its answer early, one in 2 a hop's value.
+    assert (shortcuts > 0) == (open_order or open_hops)
 
 
 def test_vocabulary_texts_hold_every_page_name(env):
@@ -389,22 +407,34 @@ def test_budget_ends_the_episode(cache_dir):
     assert env.skip().done and env.done and env.episode_metrics()["reward"] == 0.0
 
 
-@pytest.mark.parametrize("open_order", [False, True])
-def test_fork_contract(cache_dir, open_order):
+OPEN_ORDERS = [{"open_order": True}, {"open_hops": True}, {"open_order": True, "open_hops": True}]
+"""The task options that leave the experts' order open (docs/environments.md)."""
+
+
+@pytest.mark.parametrize("options", [{}, *OPEN_ORDERS], ids=str)
+def test_fork_contract(cache_dir, options):
     def make():
-        return ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_order=open_order))
+        return ResearchEnv(ResearchConfig(cache_dir=cache_dir, **options))
 
     check_fork_contract(make, list(range(12)))
     check_task_contract(make, [0, 1, 2])
     check_fork_contract(make, [1_000_000, 1_000_007])
 
 
-def test_open_order_answers_sooner_and_contests_the_steps_it_opens(cache_dir):
-    """``task.open_order``: the experts answer every held-out question, never take more
-    decisions than the paper's experts on it, and fewer on some; the steps where the answer is
-    already on screen are contested (the Opener bids the longer way, 0.6): what forks compare."""
+@pytest.mark.parametrize(
+    ("options", "low", "high"),
+    [({"open_order": True}, 3, 25), ({"open_hops": True}, 15, 45), (OPEN_ORDERS[2], 15, 45)],
+    ids=str,
+)
+def test_an_open_order_moves_on_sooner_and_contests_the_steps_it_opens(
+    cache_dir, options, low, high
+):
+    """``task.open_order`` / ``task.open_hops``: the experts answer every held-out question,
+    never take more decisions than the paper's experts on it, and fewer on some: exactly the
+    questions where a step was contested (a hop's value already on screen, the Opener bidding
+    the longer way, 0.6): what forks compare."""
     paper = ResearchEnv(ResearchConfig(cache_dir=cache_dir))
-    opened = ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_order=True))
+    opened = ResearchEnv(ResearchConfig(cache_dir=cache_dir, **options))
     sooner = contested = 0
     for seed in paper.heldout_seeds():
         before = play_expert_episode(paper, seed, BID_LEVELS)
@@ -414,17 +444,47 @@ def test_open_order_answers_sooner_and_contests_the_steps_it_opens(cache_dir):
         sooner += after.decisions < before.decisions
         bids = [float(d.reply) for d in after.demonstrations if d.kind == "bid"]
         states = [sorted(bids[i : i + 3]) for i in range(0, len(bids), 3)]
-        contested += sum(state[-2] > 0.0 for state in states)
+        contested += any(state[-2] > 0.0 for state in states)
         assert all(state[-1] > state[-2] for state in states)  # the experts never tie at the top
-    assert sooner == contested and 3 <= sooner <= 25  # of 50 held-out questions (5 here)
+    assert sooner == contested and low <= sooner <= high  # of 50 held-out questions
 
 
-def test_open_order_with_private_results_is_refused_naming_the_key(cache_dir):
+@pytest.mark.parametrize("key", ["open_order", "open_hops"])
+def test_an_open_order_with_private_results_is_refused_naming_the_key(cache_dir, key):
     config = ResearchConfig(
-        cache_dir=cache_dir, open_order=True, private_results=True, memory=MemoryConfig(size=2)
+        cache_dir=cache_dir, private_results=True, memory=MemoryConfig(size=2), **{key: True}
     )
-    with pytest.raises(ValueError, match=r"task\.open_order=True"):
+    with pytest.raises(ValueError, match=rf"task\.{key}=True"):
         ResearchEnv(config)
+
+
+def test_a_search_for_a_name_a_snippet_shows_notes_that_snippet(cache_dir):
+    """``task.open_hops``: a search that follows a snippet on screen notes the snippet's line,
+    so ``Facts`` and ``Notes`` show the hop reached; other searches, and every search in the
+    paper's task, note nothing."""
+    for open_hops in (False, True):
+        env = ResearchEnv(ResearchConfig(cache_dir=cache_dir, open_hops=open_hops))
+        seed = next(s for s in env.train_seeds() if _first_hop_in_snippet(env, s))
+        hop = env.question.hops[0]
+        env.step("searcher", f"browser.search({hop.subject})")
+        env.step("searcher", "browser.search(zzz unrelated words)")
+        assert "Facts: 0." in env.observation(None)  # no result of the first search shows it
+        env.reset(seed)
+        env.step("searcher", f"browser.search({hop.subject})")
+        env.step("searcher", f"browser.search({hop.answer.lower()})")
+        screen = env.observation(None)
+        assert ("Facts: 1." in screen) == open_hops, screen
+        assert (f"Notes: {hop.subject}: " in screen) == open_hops, screen
+        assert env.episode_metrics()["hops_found"] == float(open_hops)
+
+
+def _first_hop_in_snippet(env: ResearchEnv, seed: int) -> bool:
+    """Reset ``env`` to ``seed``; whether its first hop's page has the hop's value in its
+    snippet."""
+    env.reset(seed)
+    hop = env.question.hops[0]
+    document = env.data.documents[env.data.position[hop.doc_id]]
+    return hop.answer in snippet(document.title, document.text)
 
 
 def test_snapshot_is_plain_data(env):

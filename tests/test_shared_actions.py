@@ -108,15 +108,16 @@ def test_the_pettingzoo_and_gymnasium_suites_pass(check, name, shared_config):
         check(**{key: given.get(key, kind) for key in arguments})
 
 
+@pytest.mark.parametrize("option", ["open_order", "open_hops"])
 @pytest.mark.parametrize("actions", ["split", "shared"])
 @pytest.mark.parametrize("check", WRAPPER_CHECKS, ids=lambda check: check.__name__[5:])
-def test_the_suites_pass_on_research_with_open_order(check, actions, config):
-    """The same suites on research's ``task.open_order`` (docs/environments.md), whose experts
-    bid for two roles at the steps it opens."""
+def test_the_suites_pass_on_research_with_an_open_order(check, actions, option, config):
+    """The same suites on research's ``task.open_order`` and ``task.open_hops``
+    (docs/environments.md), whose experts bid for two roles at the steps they open."""
     arguments = check.__code__.co_varnames[: check.__code__.co_argcount]
     given = {
         "name": "research",
-        "config": lambda name: {**config(name), "actions": actions, "open_order": True},
+        "config": lambda name: {**config(name), "actions": actions, option: True},
     }
     for kind in ("aec", "parallel", "gymnasium") if "kind" in arguments else [None]:
         check(**{key: given.get(key, kind) for key in arguments})

@@ -41,7 +41,8 @@ class ResearchConfig(TaskConfig):
     private_results: see the field (the memory experiment's variant, docs/memory.md).
     actions: ``split`` (the paper's) or ``shared`` [ours]: every role may call every tool and
         the world draws whose call of each works (``research/shared.py``).
-    open_order: see the field (who moves the question on is a choice, docs/environments.md).
+    open_order / open_hops: see the fields (who moves the question on is a choice,
+        docs/environments.md).
     """
 
     name: str = "research"
@@ -80,6 +81,14 @@ class ResearchConfig(TaskConfig):
     find the fact first, the longer way (bid 0.6, ``ALTERNATIVE_BID``), so the step is
     contested and who acts decides how soon the question is answered. False: the paper's
     experts, one step after another along the chain."""
+
+    open_hops: bool = False
+    """[ours] The experts leave open when to move on to the next hop: once a search result's
+    snippet shows the value an earlier hop asks for (the next hop's subject), the Searcher may
+    search that value at once (bid 0.8), or the Opener may open the page to find the fact
+    first, the longer way (bid 0.6). A search for a name a snippet of the results on screen
+    shows notes that result's line as a fact (``Facts`` counts it), so the screen always says
+    which hop the question has reached. False: the paper's experts and notes."""
 
     def problems(self) -> list[str]:
         problems = Problems(super().problems())
@@ -131,13 +140,14 @@ class ResearchConfig(TaskConfig):
             self.actions,
             "task.private_results is the split variant's: use task.actions=split",
         )
-        problems.require(
-            not (self.private_results and self.open_order),
-            "task.open_order",
-            self.open_order,
-            "the private-results experts decide from their own views only: unset one of "
-            "task.open_order and task.private_results",
-        )
+        for key in ("open_order", "open_hops"):
+            problems.require(
+                not (self.private_results and getattr(self, key)),
+                f"task.{key}",
+                getattr(self, key),
+                "the private-results experts decide from their own views only: unset one of "
+                f"task.{key} and task.private_results",
+            )
         if self.judge_url is not None:
             problems.require(
                 urlsplit(self.judge_url).scheme in ("http", "https"),

@@ -53,7 +53,8 @@ TITLE_WORDS = 6
 FIND_MATCHES_SHOWN = 2
 EXPERT_BID = 0.8
 ALTERNATIVE_BID = 0.6
-"""With ``task.open_order``: the bid of a step that moves the question on the longer way."""
+"""With ``task.open_order`` or ``task.open_hops``: the bid of a step that moves the question on
+the longer way."""
 SEARCH_CALL = re.compile(r"browser\.search\((.*)\)$")
 """A search call on the ``Team`` line (lower case), and its query."""
 
@@ -395,6 +396,8 @@ class ResearchEnv(TextEnv):
     def _search(self, call: ToolCall) -> str | None:
         hits = self.data.index.search(call.argument, self.config.search_top_k)
         s = self._state
+        if self.config.open_hops:
+            self._note_followed_snippet(call.argument)
         s["results"] = [position for position, _ in hits]
         s["last_query"] = call.argument
         s["last_was_find"] = False
@@ -452,6 +455,25 @@ class ResearchEnv(TextEnv):
         )
         self._track_hop(document, [sentence for _, sentence in shown])
         return None
+
+    def _note_followed_snippet(self, query: str) -> None:
+        """With ``open_hops``: a search for a name that a snippet of the search results on
+        screen shows notes that result's line (``Brennik Talor: was born in Ygrad``) as a fact,
+        the first such result by rank: the team moved on from it, so ``Facts`` and ``Notes``
+        show the hop reached, as a found fact would."""
+        s = self._state
+        if not s["last_result"].startswith('search "') or not query.strip():
+            return
+        name = re.compile(rf"(?<!\w){re.escape(query.strip())}(?!\w)", re.IGNORECASE)
+        for position in s["results"]:
+            document = self.data.documents[position]
+            shown = snippet(document.title, document.text)
+            match = name.search(shown)
+            if match is not None and match[0][0].isupper():
+                line = f"{document.title}: {shown}"
+                s["notes"].append(line)
+                self._track_hop(document, [line])
+                return
 
     def _track_hop(self, document: Document, shown: list[str]) -> None:
         """Count the gold hop as found when its fact is on screen (the ``hops_found`` metric;
@@ -581,34 +603,44 @@ class ResearchEnv(TextEnv):
                 rules.append("browser.open(1)")
         return next((rule for rule in rules if rule is not None), None)
 
-    def _answer_shortcut(self) -> str | None:
-        """With ``open_order``: ``answer(<final answer>)`` while the last hop's fact is still to
-        find and the search results on screen show its page with a snippet that holds the final
-        answer (e.g. ``[2] d0412 Brennik: was born in Ygrad``); None otherwise."""
+    def _snippet_shortcut(self) -> tuple[str, str] | None:
+        """(role, reply) that moves the question on from a search result's snippet, when the
+        results on screen show the current hop's page with a snippet that holds the hop's value
+        (e.g. ``[2] d0412 Brennik Talor: was born in Ygrad``) and that page is not open: at the
+        last hop with ``open_order`` the Finder's ``answer(<value>)``, at an earlier hop with
+        ``open_hops`` the Searcher's ``browser.search(<value>)`` (the next hop's subject);
+        None otherwise."""
         s = self._state
         hops = self.question.hops
-        if not self.config.open_order or s["done"] or not hops or len(s["notes"]) != len(hops) - 1:
+        hop = len(s["notes"])
+        last = hop == len(hops) - 1
+        if (
+            s["done"]
+            or hop >= len(hops)
+            or not (self.config.open_order if last else self.config.open_hops)
+        ):
             return None
         if not s["last_result"].startswith('search "'):
             return None
-        position = self.data.position[hops[-1].doc_id]
+        position = self.data.position[hops[hop].doc_id]
         if position not in s["results"] or s["open_doc"] == position:
             return None
         document = self.data.documents[position]
         shown = snippet(document.title, document.text)
         rank = s["results"].index(position) + 1
         line = f"[{rank}] {document.id} {document.title}: {shown}".lower()
-        answer = hops[-1].answer
-        if answer.lower() not in shown.lower() or line not in self.observation(None).lower():
+        value = hops[hop].answer
+        if value.lower() not in shown.lower() or line not in self.observation(None).lower():
             return None
-        return f"answer({answer})"
+        return ("finder", f"answer({value})") if last else ("searcher", f"browser.search({value})")
 
     def _expert_steps(self) -> dict[str, tuple[float, str]]:
         """Role -> (its expert bid, its reply) for every role whose step moves the question on
         now; empty: the experts skip. The chain's next step is its owner's at ``EXPERT_BID``;
-        with ``open_order`` and an answer on screen (:meth:`_answer_shortcut`) the answer is
-        the ``answer`` tool owner's at ``EXPERT_BID`` and the chain's step becomes the longer
-        way at ``ALTERNATIVE_BID`` (one role owning both answers)."""
+        where a snippet on screen lets the question move on at once (:meth:`_snippet_shortcut`:
+        the answer with ``open_order``, the next hop's search with ``open_hops``) that step is
+        its tool owner's at ``EXPERT_BID`` and the chain's step becomes the longer way at
+        ``ALTERNATIVE_BID`` (one role owning both takes the shorter)."""
         if self.config.private_results:
             return {
                 role: (EXPERT_BID, reply)
@@ -618,12 +650,12 @@ class ResearchEnv(TextEnv):
         step = self._next_expert_step()
         if step is None:
             return {}
-        shortcut = self._answer_shortcut()
+        shortcut = self._snippet_shortcut()
         if shortcut is None:
             return {self._expert_owner(step): (EXPERT_BID, step[1])}
         return {
             self._expert_owner(step): (ALTERNATIVE_BID, step[1]),
-            self._expert_owner(("finder", shortcut)): (EXPERT_BID, shortcut),
+            self._expert_owner(shortcut): (EXPERT_BID, shortcut[1]),
         }
 
     def expert_action(self, role: str | None) -> str | None:
