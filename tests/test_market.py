@@ -32,7 +32,7 @@ from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics, market_warnings
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
-from bidswarm.run.relabel import relabel_bids
+from bidswarm.run.relabel import mixed_precision, relabel_bids
 from test_coordination import LEVELS, build_swarm, seeded, task
 
 ROLES = ["logger", "miner", "smith"]
@@ -304,11 +304,24 @@ def test_the_market_run_table_has_a_row_per_run_with_its_health():
     assert market_run_table({"default": [result]}).endswith("| 2.5 (0.5 .. 4.5) of 30.0 |")
 
 
-def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes():
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [("bf16-mixed", torch.bfloat16), ("32-true", torch.float32), ("16-mixed", torch.float32)],
+)
+def test_the_rounds_forwards_run_in_the_trainers_autocast(precision, dtype):
+    layer = torch.nn.Linear(4, 4)
+    with mixed_precision(precision, "cpu"):
+        assert layer(torch.ones(1, 4)).dtype == dtype
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes(precision):
+    """Also under the trainer's bfloat16 autocast (``trainer.precision=bf16-mixed``, which the
+    pretrained presets train in): the rounds train outside Lightning, in its precision."""
     swarm = build_swarm()
     swarm.reader = Argmax()
     loop = RolloutLoop(lambda: make_env(task(12)), swarm, Auction())
-    found = relabel_bids(loop, [], [0, 1, 2, 3], 3, 1e-2, 8, 4096, seed=0)
+    found = relabel_bids(loop, [], [0, 1, 2, 3], 3, 1e-2, 8, 4096, seed=0, precision=precision)
     before, after = found["sft/relabel/0/agreement"], found["sft/relabel/2/agreement"]
     assert after > before + 0.2, found
     assert found["sft/relabel/flops"] > 0

@@ -163,6 +163,7 @@ class Run:
             sft.batch_size,
             sft.micro_batch_tokens,
             self.cfg.seed,
+            self.cfg.trainer.precision,
         )
 
     def bid_parse_rate(self) -> float | None:

@@ -24,10 +24,13 @@ then the decider). The rounds' rollouts and trained tokens count in the SFT budg
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
+from tqdm.auto import tqdm
 
 from bidswarm import metric_names as names
 from bidswarm.agents.policy import AgentPolicy
@@ -69,13 +72,24 @@ def relabel_bids(
     batch_size: int,
     token_budget: int | None,
     seed: int,
+    precision: str = "32-true",
 ) -> dict[str, float]:
     """``rounds`` DAgger rounds over the bids on ``seeds``, beside each agent's own bid and
     action ``demonstrations`` (metrics: :data:`RELABEL`)."""
     swarm = loop.swarm
     start = demonstration_labels(swarm.bid_population, demonstrations, swarm.prompts, BID_KINDS)
     return dagger_rounds(
-        loop, seeds, rounds, lr, batch_size, token_budget, seed, RELABEL, bid_labels, start
+        loop,
+        seeds,
+        rounds,
+        lr,
+        batch_size,
+        token_budget,
+        seed,
+        RELABEL,
+        bid_labels,
+        start,
+        precision,
     )
 
 
@@ -88,6 +102,7 @@ def relabel_decisions(
     token_budget: int | None,
     seed: int,
     start: list[DecisionLabel] | None = None,
+    precision: str = "32-true",
 ) -> dict[str, float]:
     """``rounds`` DAgger rounds over the rule's learned decisions on ``seeds``, beside ``start``
     (the decision demonstrations as labels; metrics: :data:`RELABEL_DECISIONS`)."""
@@ -102,6 +117,7 @@ def relabel_decisions(
         RELABEL_DECISIONS,
         read_labels,
         start or [],
+        precision,
     )
 
 
@@ -110,7 +126,7 @@ def relabel_run_decisions(
 ) -> dict[str, float]:
     """A run's ``coordination.relabel_rounds`` on its demonstration worlds, from its
     demonstrations among ``demonstrations`` of :func:`decision_round_kinds`, at its SFT
-    learning rate and batch size."""
+    learning rate and batch size and its trainer's precision."""
     sft = cfg.sft
     swarm = loop.swarm
     kinds = decision_round_kinds(loop.coordination)
@@ -124,6 +140,7 @@ def relabel_run_decisions(
         sft.micro_batch_tokens,
         cfg.seed,
         start,
+        cfg.trainer.precision,
     )
 
 
@@ -188,38 +205,58 @@ def dagger_rounds(
     prefix: str,
     labels_of: LabelsOf,
     start: list[DecisionLabel],
+    precision: str = "32-true",
 ) -> dict[str, float]:
     """``rounds`` rounds of playing ``seeds`` with ``loop``, each followed by one epoch per
     model on its labels (``labels_of``) of every round so far, then of ``start`` (batches of
-    ``batch_size`` prompts in a seeded order, AdamW at ``lr``); the rounds' metrics under
-    ``prefix``."""
+    ``batch_size`` prompts in a seeded order, AdamW at ``lr``, under the autocast of the
+    trainer's ``precision``: :func:`mixed_precision`); the rounds' metrics under ``prefix``.
+    A bar on stderr (process 0) per round: its lock-step decisions, then its training steps."""
     swarm = loop.swarm
     device = next(swarm.population.parameters()).device
     optimizers: dict[int, torch.optim.Optimizer] = {}
     metrics: dict[str, float] = {}
     kept: list[DecisionLabel] = []
+    name = prefix.removeprefix("sft/")
     with swarm.separate_usage() as usage:
         for round_ in range(rounds):
-            key = f"{prefix.removeprefix('sft/')}/{seed}/{round_}"
+            key = f"{name}/{seed}/{round_}"
             rng, generator = seeded_randomness(key, device)
-            with loop.decisions.labelling() as read:
-                episodes = loop.run(seeds, rng, generator)
-            labels = labels_of(loop, episodes, read)
-            health = market_metrics(episodes, swarm.roles)
-            agreement = health.get(names.EXPERT_OWNER_AGREEMENT, float("nan"))
-            metrics[f"{prefix}/{round_}/agreement"] = agreement
-            metrics[f"{prefix}/{round_}/labels"] = float(len(labels))
-            kept += labels
-            shuffle = torch.Generator().manual_seed(rng.randrange(2**62))
-            for policy, rows in by_model(models(swarm), kept + start):
-                optimizer = optimizers.setdefault(
-                    id(policy), torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
-                )
-                order = torch.randperm(len(rows), generator=shuffle).tolist()
-                tokens = train_epoch(
-                    policy, [rows[i] for i in order], optimizer, batch_size, token_budget
-                )
-                swarm.usage.count_trained(policy.parameter_counts(), tokens)
+            bar = tqdm(
+                total=loop.horizon,
+                desc=f"{name} {round_ + 1}/{rounds}",
+                unit="step",
+                disable=rank_zero_only.rank != 0,
+            )
+            with bar:
+                bar.set_postfix(phase=f"play {len(seeds)} worlds")
+                with loop.decisions.labelling() as read:
+                    episodes = loop.run(seeds, rng, generator, on_decision=bar.update)
+                labels = labels_of(loop, episodes, read)
+                health = market_metrics(episodes, swarm.roles)
+                agreement = health.get(names.EXPERT_OWNER_AGREEMENT, float("nan"))
+                metrics[f"{prefix}/{round_}/agreement"] = agreement
+                metrics[f"{prefix}/{round_}/labels"] = float(len(labels))
+                kept += labels
+                shuffle = torch.Generator().manual_seed(rng.randrange(2**62))
+                groups = by_model(models(swarm), kept + start)
+                bar.reset(total=sum(-(-len(rows) // batch_size) for _, rows in groups))
+                for policy, rows in groups:
+                    bar.set_postfix(phase=f"train {policy.role}", labels=len(rows))
+                    optimizer = optimizers.setdefault(
+                        id(policy), torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
+                    )
+                    order = torch.randperm(len(rows), generator=shuffle).tolist()
+                    tokens = train_epoch(
+                        policy,
+                        [rows[i] for i in order],
+                        optimizer,
+                        batch_size,
+                        token_budget,
+                        precision,
+                        on_step=bar.update,
+                    )
+                    swarm.usage.count_trained(policy.parameter_counts(), tokens)
     for policy in models(swarm):
         policy.eval()
     metrics[f"{prefix}/flops"] = usage.rollout_flops + usage.train_flops
@@ -257,20 +294,38 @@ def train_epoch(
     optimizer: torch.optim.Optimizer,
     batch_size: int,
     token_budget: int | None,
+    precision: str = "32-true",
+    on_step: Callable[[], None] | None = None,
 ) -> int:
     """One pass over ``rows`` in their order, ``batch_size`` a step, on each reply's
-    teacher-forced log-likelihood; the learner tokens it trained on."""
+    teacher-forced log-likelihood, the forwards under :func:`mixed_precision`; the learner
+    tokens it trained on. ``on_step`` after each step (a progress bar)."""
     policy.train()
     tokens = 0
+    autocast = mixed_precision(precision, policy.device.type)
     for start in range(0, len(rows), batch_size):
         part = rows[start : start + batch_size]
         batch = BidLabelBatch(0, [r.prompt_ids for r in part], [r.reply_ids for r in part])
         optimizer.zero_grad(set_to_none=True)
-        bid_anchor_loss(policy, batch, 1.0, token_budget, _backward)
+        with autocast:
+            bid_anchor_loss(policy, batch, 1.0, token_budget, _backward)
         optimizer.step()
         tokens += batch.learner_tokens(policy, token_budget)
+        if on_step is not None:
+            on_step()
     return tokens
 
 
+def mixed_precision(precision: str, device_type: str) -> contextlib.AbstractContextManager:
+    """The autocast the trainer's ``precision`` runs Lightning's forwards under, for the
+    rounds' forwards outside Lightning: ``bf16-mixed`` bfloat16 autocast, every other precision
+    none (the weights' own dtype; ``16-mixed`` would need Lightning's loss scaling, which the
+    rounds do not do)."""
+    if precision == "bf16-mixed":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _backward(_: int, loss: torch.Tensor) -> None:
-    loss.backward()
+    with torch.autocast(loss.device.type, enabled=False):  # backward outside autocast
+        loss.backward()
