@@ -53,7 +53,12 @@ from bidswarm.run.decision_demonstrations import (
     state_demonstrations,
     with_learned_decisions,
 )
-from bidswarm.run.relabel import RELABEL_DECISIONS, decision_round_kinds, relabel_decisions
+from bidswarm.run.relabel import (
+    RELABEL_DECISIONS,
+    RoundTraining,
+    decision_round_kinds,
+    relabel_decisions,
+)
 from conftest import hf_engine
 from test_coordination import LEVELS, envs_at, seeded, task
 
@@ -457,7 +462,7 @@ def test_relabel_rounds_train_the_decider_on_the_experts_owner_where_the_swarm_g
     loop = RolloutLoop(lambda: make_env(task()), swarm, Router())
     before = weights(population.decider)
     agents = [weights(agent) for agent in population.agents]
-    metrics = relabel_decisions(loop, [0, 1, 2], 1, 3e-3, 4, None, 0)
+    metrics = relabel_decisions(loop, [0, 1, 2], 1, RoundTraining(3e-3, 4), 0)
     assert metrics[f"{RELABEL_DECISIONS}/0/labels"] == 3 * 6  # every decision of 3 episodes
     assert 0.0 <= metrics[f"{RELABEL_DECISIONS}/0/agreement"] <= 1.0
     assert metrics[f"{RELABEL_DECISIONS}/flops"] > 0

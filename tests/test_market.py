@@ -32,7 +32,7 @@ from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics, market_warnings
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
-from bidswarm.run.relabel import mixed_precision, relabel_bids
+from bidswarm.run.relabel import RoundTraining, mixed_precision, relabel_bids
 from test_coordination import LEVELS, build_swarm, seeded, task
 
 ROLES = ["logger", "miner", "smith"]
@@ -321,7 +321,8 @@ def test_relabel_rounds_teach_the_bids_the_experts_choice_where_the_swarm_goes(p
     swarm = build_swarm()
     swarm.reader = Argmax()
     loop = RolloutLoop(lambda: make_env(task(12)), swarm, Auction())
-    found = relabel_bids(loop, [], [0, 1, 2, 3], 3, 1e-2, 8, 4096, seed=0, precision=precision)
+    training = RoundTraining(1e-2, 8, 4096, precision)
+    found = relabel_bids(loop, [], [0, 1, 2, 3], 3, training, seed=0)
     before, after = found["sft/relabel/0/agreement"], found["sft/relabel/2/agreement"]
     assert after > before + 0.2, found
     assert found["sft/relabel/flops"] > 0

@@ -46,7 +46,13 @@ from bidswarm.run.build import build_population, build_rollout_loop
 from bidswarm.run.demonstrations import demonstration_worlds, start_demonstrations
 from bidswarm.run.recording import RunLogger, make_logger
 from bidswarm.run.references import play_references, record_references
-from bidswarm.run.relabel import RELABEL, RELABEL_DECISIONS, relabel_bids, relabel_run_decisions
+from bidswarm.run.relabel import (
+    RELABEL,
+    RELABEL_DECISIONS,
+    RoundTraining,
+    relabel_bids,
+    relabel_run_decisions,
+)
 from bidswarm.run.resume import load_state, run_folder, write_atomically
 
 
@@ -153,17 +159,13 @@ class Run:
         FLOPs (``sft/relabel/flops``) join the SFT budget; under a rule that reads no bids
         there is no bid channel to label and the rounds do not run (their epoch on the
         demonstrations would be SFT the other rules do not get)."""
-        sft = self.cfg.sft
         return relabel_bids(
             self.loop,
             self.demonstrations,
             demonstration_worlds(self.env, self.cfg),
             self.cfg.bids.relabel_rounds,
-            self.cfg.bids.relabel_lr or sft.lr,
-            sft.batch_size,
-            sft.micro_batch_tokens,
+            RoundTraining.of_run(self.cfg, self.cfg.bids.relabel_lr),
             self.cfg.seed,
-            self.cfg.trainer.precision,
         )
 
     def bid_parse_rate(self) -> float | None:

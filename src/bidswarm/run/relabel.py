@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from lightning.pytorch.utilities import rank_zero_only
@@ -63,61 +64,52 @@ LabelsOf = Callable[[RolloutLoop, list[Episode], list[DecisionLabel]], list[Deci
 """A round's labels from its episodes and the decision prompts the reader kept while playing."""
 
 
+@dataclass(frozen=True)
+class RoundTraining:
+    """How each model trains on a round's labels: AdamW at ``lr``, ``batch_size`` prompts a
+    step, micro-batches of at most ``token_budget`` learner tokens (None: whole batches), the
+    forwards under the trainer's ``precision`` (:func:`mixed_precision`)."""
+
+    lr: float
+    batch_size: int
+    token_budget: int | None = None
+    precision: str = "32-true"
+
+    @classmethod
+    def of_run(cls, cfg: DictConfig, lr: float | None = None) -> RoundTraining:
+        """A run's: its SFT learning rate (or ``lr``), batch size and micro-batches, its
+        trainer's precision."""
+        sft = cfg.sft
+        return cls(lr or sft.lr, sft.batch_size, sft.micro_batch_tokens, cfg.trainer.precision)
+
+
 def relabel_bids(
     loop: RolloutLoop,
     demonstrations: list[Demonstration],
     seeds: list[int],
     rounds: int,
-    lr: float,
-    batch_size: int,
-    token_budget: int | None,
+    training: RoundTraining,
     seed: int,
-    precision: str = "32-true",
 ) -> dict[str, float]:
     """``rounds`` DAgger rounds over the bids on ``seeds``, beside each agent's own bid and
     action ``demonstrations`` (metrics: :data:`RELABEL`)."""
     swarm = loop.swarm
     start = demonstration_labels(swarm.bid_population, demonstrations, swarm.prompts, BID_KINDS)
-    return dagger_rounds(
-        loop,
-        seeds,
-        rounds,
-        lr,
-        batch_size,
-        token_budget,
-        seed,
-        RELABEL,
-        bid_labels,
-        start,
-        precision,
-    )
+    return dagger_rounds(loop, seeds, rounds, training, seed, RELABEL, bid_labels, start)
 
 
 def relabel_decisions(
     loop: RolloutLoop,
     seeds: list[int],
     rounds: int,
-    lr: float,
-    batch_size: int,
-    token_budget: int | None,
+    training: RoundTraining,
     seed: int,
     start: list[DecisionLabel] | None = None,
-    precision: str = "32-true",
 ) -> dict[str, float]:
     """``rounds`` DAgger rounds over the rule's learned decisions on ``seeds``, beside ``start``
     (the decision demonstrations as labels; metrics: :data:`RELABEL_DECISIONS`)."""
     return dagger_rounds(
-        loop,
-        seeds,
-        rounds,
-        lr,
-        batch_size,
-        token_budget,
-        seed,
-        RELABEL_DECISIONS,
-        read_labels,
-        start or [],
-        precision,
+        loop, seeds, rounds, training, seed, RELABEL_DECISIONS, read_labels, start or []
     )
 
 
@@ -125,9 +117,8 @@ def relabel_run_decisions(
     loop: RolloutLoop, env: TextEnv, cfg: DictConfig, demonstrations: list[Demonstration]
 ) -> dict[str, float]:
     """A run's ``coordination.relabel_rounds`` on its demonstration worlds, from its
-    demonstrations among ``demonstrations`` of :func:`decision_round_kinds`, at its SFT
-    learning rate and batch size and its trainer's precision."""
-    sft = cfg.sft
+    demonstrations among ``demonstrations`` of :func:`decision_round_kinds`, trained as its
+    SFT (:meth:`RoundTraining.of_run`)."""
     swarm = loop.swarm
     kinds = decision_round_kinds(loop.coordination)
     start = demonstration_labels(swarm.population, demonstrations, swarm.prompts, kinds)
@@ -135,12 +126,9 @@ def relabel_run_decisions(
         loop,
         demonstration_worlds(env, cfg),
         cfg.coordination.relabel_rounds,
-        sft.lr,
-        sft.batch_size,
-        sft.micro_batch_tokens,
+        RoundTraining.of_run(cfg),
         cfg.seed,
         start,
-        cfg.trainer.precision,
     )
 
 
@@ -198,19 +186,16 @@ def dagger_rounds(
     loop: RolloutLoop,
     seeds: list[int],
     rounds: int,
-    lr: float,
-    batch_size: int,
-    token_budget: int | None,
+    training: RoundTraining,
     seed: int,
     prefix: str,
     labels_of: LabelsOf,
     start: list[DecisionLabel],
-    precision: str = "32-true",
 ) -> dict[str, float]:
     """``rounds`` rounds of playing ``seeds`` with ``loop``, each followed by one epoch per
-    model on its labels (``labels_of``) of every round so far, then of ``start`` (batches of
-    ``batch_size`` prompts in a seeded order, AdamW at ``lr``, under the autocast of the
-    trainer's ``precision``: :func:`mixed_precision`); the rounds' metrics under ``prefix``.
+    model on its labels (``labels_of``) of every round so far, then of ``start``, in a seeded
+    order (:func:`train_epoch`; one optimizer per model across the rounds); the rounds' metrics
+    under ``prefix``.
     A bar on stderr (process 0) per round: its lock-step decisions, then its training steps."""
     swarm = loop.swarm
     device = next(swarm.population.parameters()).device
@@ -240,22 +225,17 @@ def dagger_rounds(
                 kept += labels
                 shuffle = torch.Generator().manual_seed(rng.randrange(2**62))
                 groups = by_model(models(swarm), kept + start)
-                bar.reset(total=sum(-(-len(rows) // batch_size) for _, rows in groups))
+                steps = sum(-(-len(rows) // training.batch_size) for _, rows in groups)
+                bar.reset(total=steps)
                 for policy, rows in groups:
                     bar.set_postfix(phase=f"train {policy.role}", labels=len(rows))
                     optimizer = optimizers.setdefault(
-                        id(policy), torch.optim.AdamW(policy.trainable_parameters(), lr=lr)
+                        id(policy),
+                        torch.optim.AdamW(policy.trainable_parameters(), lr=training.lr),
                     )
                     order = torch.randperm(len(rows), generator=shuffle).tolist()
-                    tokens = train_epoch(
-                        policy,
-                        [rows[i] for i in order],
-                        optimizer,
-                        batch_size,
-                        token_budget,
-                        precision,
-                        on_step=bar.update,
-                    )
+                    shuffled = [rows[i] for i in order]
+                    tokens = train_epoch(policy, shuffled, optimizer, training, bar.update)
                     swarm.usage.count_trained(policy.parameter_counts(), tokens)
     for policy in models(swarm):
         policy.eval()
@@ -292,25 +272,23 @@ def train_epoch(
     policy: AgentPolicy,
     rows: list[DecisionLabel],
     optimizer: torch.optim.Optimizer,
-    batch_size: int,
-    token_budget: int | None,
-    precision: str = "32-true",
+    training: RoundTraining,
     on_step: Callable[[], None] | None = None,
 ) -> int:
-    """One pass over ``rows`` in their order, ``batch_size`` a step, on each reply's
+    """One pass over ``rows`` in their order, ``training.batch_size`` a step, on each reply's
     teacher-forced log-likelihood, the forwards under :func:`mixed_precision`; the learner
     tokens it trained on. ``on_step`` after each step (a progress bar)."""
     policy.train()
     tokens = 0
-    autocast = mixed_precision(precision, policy.device.type)
-    for start in range(0, len(rows), batch_size):
-        part = rows[start : start + batch_size]
+    autocast = mixed_precision(training.precision, policy.device.type)
+    for start in range(0, len(rows), training.batch_size):
+        part = rows[start : start + training.batch_size]
         batch = BidLabelBatch(0, [r.prompt_ids for r in part], [r.reply_ids for r in part])
         optimizer.zero_grad(set_to_none=True)
         with autocast:
-            bid_anchor_loss(policy, batch, 1.0, token_budget, _backward)
+            bid_anchor_loss(policy, batch, 1.0, training.token_budget, _backward)
         optimizer.step()
-        tokens += batch.learner_tokens(policy, token_budget)
+        tokens += batch.learner_tokens(policy, training.token_budget)
         if on_step is not None:
             on_step()
     return tokens
