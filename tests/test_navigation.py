@@ -95,6 +95,26 @@ def test_expert_reward_is_progress_plus_success_bonus(env):
     assert episode.total_reward > 1.0  # the paper's navigation reward can exceed 1.0
 
 
+def test_open_reward_is_what_the_rest_of_an_expert_episode_earns(env):
+    """At every state of an expert episode (the experts walk the shortest path and stop at the
+    goal) the reward still open is the reward the rest of the episode earns."""
+    seed = env.heldout_seeds()[3]
+    env.reset(seed)
+    start = env.open_reward()
+    assert start == pytest.approx(env.config.progress_weight + env.config.success_bonus)
+    episode = play_expert_episode(env, seed, BID_LEVELS)
+    left = episode.metrics["navigation_error"] / env.episode.shortest_distance
+    assert episode.total_reward + left == pytest.approx(start)  # stopped within reach, not on it
+    assert env.open_reward() == 0.0
+    env.reset(seed)
+    before = env.open_reward()
+    moved = env.act("mover", "move forward 50 cm").reward
+    assert moved != 0.0
+    assert env.open_reward() == pytest.approx(before - moved)  # toward the goal or away from it
+    env.act("stopper", "stop")
+    assert env.open_reward() == 0.0
+
+
 def test_observations_are_short_and_name_the_room_and_its_doorways(env):
     for seed in range(40):
         episode = play_expert_episode(env, seed, BID_LEVELS)

@@ -190,6 +190,15 @@ class NavigationEnv(NavigationRules):
         """Geodesic distance from the current position to the goal (metres)."""
         return self._distance_to_goal
 
+    def open_reward(self) -> float:
+        """The reward still open: the progress reward of the geodesic distance left (a whole
+        route's ``progress_weight`` from the start) plus the success bonus; 0 once the episode
+        has ended. Moving away from the goal raises it: the reward to win back grows."""
+        if self._done:
+            return 0.0
+        progress = self._distance_to_goal / max(self.episode.shortest_distance, 1e-6)
+        return self.config.progress_weight * progress + self.config.success_bonus
+
     def screen(self, role: str | None) -> str:
         """The instruction, the room, the views (under shared actions, only the wall ahead in
         a room ``role`` does not know) and the last result."""
