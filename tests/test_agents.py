@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bidswarm.agents import policy as policy_module
+from bidswarm.agents.branching import branch_logprobs, branch_tokens
 from bidswarm.agents.models import load_model_and_tokenizer
 from bidswarm.agents.policy import (
     AgentPolicy,
@@ -390,6 +391,40 @@ def test_a_shared_prompt_head_is_trained_once_with_the_same_logprobs_and_gradien
     full, grad_full = gradients(agent, prompt_ids, reply_ids)
     torch.testing.assert_close(once, full, atol=1e-5, rtol=0)
     assert float((grad_once - grad_full).norm() / grad_full.norm()) < 1e-5  # float rounding
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_branch_scores_compute_the_shared_prompt_head_once(agent, checkpointing):
+    """Every reply after every prompt, as teacher forcing each (prompt, reply) row gives it: the
+    prompts' shared head in one forward of one row, their rests in one, every reply's later
+    tokens in one; without gradients also under activation checkpointing; the ledger
+    counts the head once."""
+    agent = varied_agent(agent)
+    prompt_ids = agent.encode_prompts(shared_header_prompts())
+    replies = [agent.encode_reply(text) for text in [" 0.6", " mine stone", ""]]
+    assert sorted(map(len, replies))[:2] == [1, 2]  # "" is the end of sequence alone
+    if checkpointing:
+        agent.model.gradient_checkpointing_enable()
+    head = agent.prompt_head_length(prompt_ids, with_gradient=False)
+    assert head >= policy_module.MIN_TRAINED_PROMPT_HEAD
+    rows, rests = len(prompt_ids), [len(ids) - head for ids in prompt_ids]
+    with forward_input_shapes(agent) as shapes:
+        found = branch_logprobs(agent, prompt_ids, replies)
+    later = sum(len(reply) - 1 for reply in replies)
+    assert [tuple(shape) for shape in shapes] == [(1, head), (rows, max(rests)), (rows, later)]
+    assert branch_tokens(agent, prompt_ids, replies) == head + sum(rests) + rows * sum(
+        map(len, replies)
+    )
+    with torch.no_grad():
+        for j, reply in enumerate(replies):
+            logp, mask = agent.reply_token_logprobs(prompt_ids, [reply] * rows)
+            torch.testing.assert_close(found[:, j], (logp * mask).sum(1), atol=1e-4, rtol=0)
+    # Micro-batches of one prompt's rest each: the head is still computed once.
+    with forward_input_shapes(agent) as shapes:
+        one_by_one = branch_logprobs(agent, prompt_ids, replies, token_budget=max(rests))
+    assert [tuple(shape) for shape in shapes if shape[1] == head] == [(1, head)]
+    assert [tuple(shape) for shape in shapes if shape[0] == rows] == []
+    torch.testing.assert_close(one_by_one, found, atol=1e-4, rtol=0)
 
 
 def test_no_prompt_head_under_activation_checkpointing(agent):

@@ -2,9 +2,12 @@
 reader of bids needs (every level's canonical reply to every bid prompt, ``bids.reader``).
 
 Teacher-forcing every (prompt, reply) row recomputes each prompt once per reply; here each
-prompt is computed once, its keys and values repeated for its replies, and only the replies'
-few tokens are computed per row: the same log-probs up to float rounding, at about 1 / (number
-of replies) of the prompt compute.
+prompt is computed once and its replies' few tokens follow it side by side in one more forward,
+each reply seeing the prompt and its own earlier tokens (a block-diagonal mask): the same
+log-probs up to float rounding, at about 1 / (number of replies) of the prompt compute, with no
+copy of the prompt's keys and values per reply. The prompts' shared head (a chat template's
+system turn, the task and role text: :meth:`AgentPolicy.prompt_head_length`) is computed once,
+for one row, for all of them; the micro-batches bound the tokens of each prompt after it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,13 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from bidswarm.agents.policy import AgentPolicy, left_pad, micro_batches, positions_from_mask
+from bidswarm.agents.policy import (
+    AgentPolicy,
+    left_pad,
+    micro_batches,
+    positions_from_mask,
+    rows_of,
+)
 
 
 @torch.no_grad()
@@ -28,30 +37,55 @@ def branch_logprobs(
     """``[prompts, replies]``: the summed log-prob of each of ``replies`` (the same for every
     prompt, each non-empty) after each prompt, under ``model`` (None: the policy's weights; a
     rollout engine passes the copy it samples from); forwards of at most ``token_budget``
-    prompt tokens (:func:`micro_batches`)."""
+    prompt tokens after the prompts' shared head (:func:`micro_batches`)."""
     model = policy.model if model is None else model
     policy.use_own_adapter(model)
-    parts = [
-        _branch_part(policy, model, [prompt_ids[i] for i in part], replies, temperature)
-        for part in micro_batches([len(p) for p in prompt_ids], token_budget)
-    ]
-    if not parts:
+    if not prompt_ids:
         return torch.zeros((0, len(replies)), device=policy.device)
+    head = policy.prompt_head_length(prompt_ids, with_gradient=False)
+    head_keys = policy.prompt_head_keys(model, prompt_ids[0][:head])
+    parts = [
+        _branch_part(
+            policy, model, [prompt_ids[i] for i in part], head, head_keys, replies, temperature
+        )
+        for part in micro_batches([len(p) - head for p in prompt_ids], token_budget)
+    ]
     return torch.cat(parts)
+
+
+def branch_tokens(
+    policy: AgentPolicy,
+    prompt_ids: list[list[int]],
+    replies: list[list[int]],
+) -> int:
+    """Tokens :func:`branch_logprobs` computes for these prompts and replies (what the FLOP
+    ledger counts): the prompts' shared head once, each prompt's rest, then every reply after
+    every prompt (padding not counted)."""
+    if not prompt_ids:
+        return 0
+    head = policy.prompt_head_length(prompt_ids, with_gradient=False)
+    rests = sum(len(ids) - head for ids in prompt_ids)
+    return head + rests + len(prompt_ids) * sum(map(len, replies))
 
 
 def _branch_part(
     policy: AgentPolicy,
     model: PreTrainedModel,
     prompt_ids: list[list[int]],
+    head: int,
+    head_keys: DynamicCache | None,
     replies: list[list[int]],
     temperature: float,
 ) -> Tensor:
+    """:func:`branch_logprobs` of prompts that start with the same ``head`` tokens, whose keys
+    and values (one row) ``head_keys`` holds (None: no head)."""
     device = policy.device
-    n, k = len(prompt_ids), len(replies)
-    ids, mask = left_pad(prompt_ids, policy.pad_id, device)
-    positions = positions_from_mask(mask)
-    cache = DynamicCache(config=model.config)
+    n = len(prompt_ids)
+    ids, rest_mask = left_pad([prompt[head:] for prompt in prompt_ids], policy.pad_id, device)
+    mask = torch.cat([rest_mask.new_ones(n, head), rest_mask], 1)
+    positions = head + positions_from_mask(rest_mask)
+    config = model.config
+    cache = DynamicCache(config=config) if head_keys is None else rows_of(head_keys, config, n)
     out = model(
         input_ids=ids,
         attention_mask=mask,
@@ -61,26 +95,34 @@ def _branch_part(
         logits_to_keep=policy.logits_to_keep(model, ids.shape[1], 1),
     )
     first = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # [n, V]
-    cache.batch_repeat_interleave(k)
-    width = max(len(reply) for reply in replies)
-    reply = torch.full((k, width), policy.pad_id, dtype=torch.long, device=device)
-    reply_mask = torch.zeros((k, width), dtype=torch.long, device=device)
-    for row, tokens in enumerate(replies):
-        reply[row, : len(tokens)] = torch.tensor(tokens, device=device)
-        reply_mask[row, : len(tokens)] = 1
-    rows_reply = reply.repeat(n, 1)  # row n_i * k + j: prompt i, reply j
-    rows_mask = reply_mask.repeat(n, 1)
-    scores = first.repeat_interleave(k, dim=0).gather(1, rows_reply[:, :1])[:, 0]
-    if width > 1:
-        start = positions[:, -1:].repeat_interleave(k, dim=0) + 1
-        later = model(
-            input_ids=rows_reply[:, :-1],
-            attention_mask=torch.cat([mask.repeat_interleave(k, dim=0), rows_mask[:, :-1]], 1),
-            position_ids=start + torch.arange(width - 1, device=device)[None, :],
-            past_key_values=cache,
-            use_cache=True,
-        )
-        log_probs = torch.log_softmax(later.logits.float() / temperature, dim=-1)
-        tokens = log_probs.gather(-1, rows_reply[:, 1:, None])[..., 0]
-        scores = scores + (tokens * rows_mask[:, 1:]).sum(dim=1)
-    return scores.reshape(n, k)
+    scores = torch.stack([first[:, reply[0]] for reply in replies], dim=1)  # [n, k]
+    # Every reply's later tokens in one forward over the prompts' keys and values: the replies
+    # side by side in one row, each attending to the prompt and to its own earlier tokens only
+    # (a block-diagonal causal mask), at the positions it would have after the prompt alone.
+    fed = [(j, reply[:-1]) for j, reply in enumerate(replies) if len(reply) > 1]
+    if not fed:
+        return scores
+    tokens = torch.tensor([t for _, part in fed for t in part], device=device)
+    block = torch.tensor([b for b, (_, part) in enumerate(fed) for _ in part], device=device)
+    offset = torch.cat([torch.arange(len(part), device=device) for _, part in fed])
+    width = len(tokens)
+    own = (block[:, None] == block[None, :]) & (offset[:, None] >= offset[None, :])  # [Q, Q]
+    visible = torch.cat(
+        [
+            mask.bool()[:, None, None, :].expand(n, 1, width, mask.shape[1]),
+            own.expand(n, 1, -1, -1),
+        ],
+        dim=-1,
+    )
+    later = model(
+        input_ids=tokens[None, :].expand(n, -1),
+        attention_mask=visible,
+        position_ids=positions[:, -1:] + 1 + offset[None, :],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    log_probs = torch.log_softmax(later.logits.float() / temperature, dim=-1)  # [n, Q, V]
+    targets = torch.tensor([t for j, _ in fed for t in replies[j][1:]], device=device)
+    token_scores = log_probs.gather(-1, targets[None, :, None].expand(n, -1, 1))[..., 0]
+    columns = torch.tensor([j for j, part in fed for _ in part], device=device)
+    return scores.index_add(1, columns, token_scores)

@@ -67,6 +67,15 @@ def shared_prefix_length(sequences: list[list[int]]) -> int:
     return length
 
 
+def rows_of(one_row: DynamicCache, config, rows: int) -> DynamicCache:
+    """A new cache of ``rows`` rows, each with the keys and values of ``one_row``'s one row
+    (a prompt head's); the forwards it is given extend it without changing ``one_row``."""
+    cache = DynamicCache(config=config)
+    for index, layer in enumerate(one_row.layers):
+        cache.update(*(t.expand(rows, -1, -1, -1) for t in (layer.keys, layer.values)), index)
+    return cache
+
+
 MIN_TRAINED_PROMPT_HEAD = 32
 """A forward over rows whose prompts all start with at least this many equal tokens computes
 that prompt head once (:meth:`AgentPolicy.prompt_head_length`)."""
@@ -206,17 +215,21 @@ class AgentPolicy(torch.nn.Module):
         """Token ids of a supervised reply, ending with end-of-sequence."""
         return [*self.tokenizer(reply_text, add_special_tokens=False)["input_ids"], self.eos_id]
 
-    def prompt_head_length(self, prompt_ids: list[list[int]]) -> int:
+    def prompt_head_length(self, prompt_ids: list[list[int]], with_gradient: bool = True) -> int:
         """Tokens at the start of every prompt of ``prompt_ids`` that one forward over them
         computes once, for one row, and the rows' remaining tokens attend to (0: none): their
         shared prefix (a chat template's system turn, the task and role text), leaving at least
         one prompt token per row, when it is at least :data:`MIN_TRAINED_PROMPT_HEAD` long. The
         same log-probs and gradients as a forward of every row in full, up to float rounding;
-        never under activation checkpointing, which drops the keys and values a layer is given."""
-        if len(prompt_ids) < 2 or any(
-            layer.gradient_checkpointing
-            for layer in self.model.modules()
-            if isinstance(layer, GradientCheckpointingLayer)
+        for a forward ``with_gradient``, never under activation checkpointing, which then drops
+        the keys and values a layer is given (without gradients the layers keep them)."""
+        if len(prompt_ids) < 2 or (
+            with_gradient
+            and any(
+                layer.gradient_checkpointing
+                for layer in self.model.modules()
+                if isinstance(layer, GradientCheckpointingLayer)
+            )
         ):
             return 0
         length = shared_prefix_length(prompt_ids)
@@ -286,7 +299,7 @@ class AgentPolicy(torch.nn.Module):
         sequences = [p + r for p, r in zip(prompt_ids, reply_ids, strict=True)]
         head = self.prompt_head_length(prompt_ids)
         input_ids, row_mask = left_pad([s[head:] for s in sequences], self.pad_id, self.device)
-        cache = self._prompt_head_cache(model, prompt_ids[0][:head], len(sequences))
+        cache = self.prompt_head_cache(model, prompt_ids[0][:head], len(sequences))
         out = model(
             input_ids=input_ids,
             attention_mask=torch.cat([row_mask.new_ones(len(sequences), head), row_mask], 1),
@@ -310,12 +323,18 @@ class AgentPolicy(torch.nn.Module):
             token_entropy = right_aligned_entropy.gather(1, index) * mask
         return ReplyScores(right_aligned.gather(1, index) * mask, mask, token_entropy)
 
-    def _prompt_head_cache(
+    def prompt_head_cache(
         self, model: PreTrainedModel, head: list[int], rows: int
     ) -> DynamicCache | None:
         """The keys and values of the prompt head ``head`` under ``model`` (one forward of one
-        row, with gradient where grad is on), the same for each of ``rows`` rows; None for an
-        empty head."""
+        row, with gradient where grad is on, :meth:`prompt_head_keys`), the same for each of
+        ``rows`` rows; None for an empty head."""
+        one_row = self.prompt_head_keys(model, head)
+        return None if one_row is None else rows_of(one_row, model.config, rows)
+
+    def prompt_head_keys(self, model: PreTrainedModel, head: list[int]) -> DynamicCache | None:
+        """The keys and values of the prompt head ``head`` under ``model``, for one row (one
+        forward); None for an empty head."""
         if not head:
             return None
         one_row = DynamicCache(config=model.config)
@@ -328,11 +347,7 @@ class AgentPolicy(torch.nn.Module):
             # make the CPU matmul of the output head copy its whole weight).
             logits_to_keep=torch.tensor([len(head) - 1], device=self.device),
         )
-        cache = DynamicCache(config=model.config)
-        for index, layer in enumerate(one_row.layers):
-            expanded = (t.expand(rows, -1, -1, -1) for t in (layer.keys, layer.values))
-            cache.update(*expanded, index)
-        return cache
+        return one_row
 
     def logits_to_keep(self, model: PreTrainedModel, width: int, keep: int) -> int | Tensor:
         """The ``logits_to_keep`` of a forward of ``width`` positions whose last ``keep`` logits

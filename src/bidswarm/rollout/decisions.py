@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bidswarm.agents.branching import branch_tokens
 from bidswarm.agents.policy import AgentPolicy
 from bidswarm.coordination.base import DECIDER, DECIDER_NAME
 from bidswarm.coordination.bid_readers import Expected
@@ -78,7 +79,7 @@ class DecisionReader:
             logprobs = self.swarm.engine.score_branches(
                 policy, prompt_ids, reply_ids, 1.0, self.swarm.token_budget
             )
-        tokens = sum(map(len, prompt_ids)) + len(prompt_ids) * sum(map(len, reply_ids))
+        tokens = branch_tokens(policy, prompt_ids, reply_ids)
         self.swarm.usage.count_rollout(policy.parameter_counts(), tokens)
         return logprobs.float()
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
+from bidswarm.agents.branching import branch_tokens
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.resampling import draw_below
@@ -279,9 +280,8 @@ class Swarm:
         policy = self.bid_population.agents[agent]
         replies = [self.level_reply_ids(agent, level) for level in self.bid_levels]
         logprobs = self.engine.score_branches(policy, prompt_ids, replies, 1.0, self.token_budget)
-        if counted:  # each prompt once, then every level's reply
-            tokens = sum(map(len, prompt_ids)) + len(prompt_ids) * sum(map(len, replies))
-            self._count_rollout(agent, tokens)
+        if counted:
+            self._count_rollout(agent, branch_tokens(policy, prompt_ids, replies))
         return logprobs.float()
 
     def level_reply_ids(self, agent: int, level: float) -> list[int]:
