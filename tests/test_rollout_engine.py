@@ -8,6 +8,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from bidswarm.agents.branching import branch_logprobs
 from bidswarm.agents.policy import shared_prefix_length
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
@@ -19,7 +20,7 @@ from bidswarm.rollout.swarm import Swarm
 from bidswarm.rollout.usage import Usage
 from bidswarm.run.build import build_rollout_loop
 from conftest import CONF, hf_engine
-from test_agents import OBSERVATIONS, ROLES, corpus, tiny_config
+from test_agents import OBSERVATIONS, ROLES, corpus, shared_header_prompts, tiny_config
 
 register_configs()
 
@@ -268,3 +269,38 @@ def test_actions_of_a_decision_step_go_to_the_engine_in_one_call():
         full.act(agent, envs, generator) for agent, envs in zip(AGENTS, ENVS, strict=True)
     ]
     assert full.act_many(AGENTS, ENVS, torch.Generator().manual_seed(0)) == one_by_one
+
+
+@pytest.mark.parametrize("adapter", ["full", "lora"])
+def test_level_reads_take_the_prompt_head_from_the_kept_heads(adapter):
+    """``HFEngine.score_branches``: what branch_logprobs scores on the rollout model, the
+    prompts' shared head computed on the first call only (kept with the generation's heads),
+    and its prompt tokens counted in ``engine/prefix_cached_frac``."""
+    swarm = lora_swarm(adapter, temperature=0.0)
+    agent = swarm.population[0]
+    prompt_ids = agent.encode_prompts(shared_header_prompts())
+    replies = [agent.encode_reply(text) for text in [" 0.5", " 1.0", ""]]
+    head = agent.prompt_head_length(prompt_ids, with_gradient=False)
+    assert head > 0
+    engine = HFEngine("dynamic", False, None)
+    shapes: list[tuple[int, int]] = []
+    model = agent.model.get_base_model() if adapter == "lora" else agent.model
+    model.model.register_forward_hook(
+        lambda module, args, kwargs, output: shapes.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    first = engine.score_branches(agent, prompt_ids, replies, 1.0, None)
+    assert shapes[0] == (1, head)
+    given = sum(map(len, prompt_ids))
+    computed = head + given - head * len(prompt_ids)
+    assert engine.metrics()["engine/prefix_cached_frac"] == pytest.approx(1 - computed / given)
+    shapes.clear()
+    again = engine.score_branches(agent, prompt_ids, replies, 1.0, None)
+    assert (1, head) not in shapes and shapes[0][0] == len(prompt_ids)  # the head was kept
+    assert engine.metrics()["engine/prefix_cached_frac"] == pytest.approx(
+        1 - (computed - head) / given
+    )
+    torch.testing.assert_close(again, first)
+    torch.testing.assert_close(
+        first, branch_logprobs(agent, prompt_ids, replies), atol=1e-4, rtol=0
+    )

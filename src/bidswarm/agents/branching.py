@@ -12,6 +12,8 @@ for one row, for all of them; the micro-batches bound the tokens of each prompt 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
@@ -24,6 +26,9 @@ from bidswarm.agents.policy import (
     rows_of,
 )
 
+HeadKeys = Callable[[PreTrainedModel, list[int]], DynamicCache]
+"""The keys and values of a prompt head (its token ids) under a model, for one row."""
+
 
 @torch.no_grad()
 def branch_logprobs(
@@ -33,17 +38,22 @@ def branch_logprobs(
     temperature: float = 1.0,
     token_budget: int | None = None,
     model: PreTrainedModel | None = None,
+    head_keys_of: HeadKeys | None = None,
 ) -> Tensor:
     """``[prompts, replies]``: the summed log-prob of each of ``replies`` (the same for every
     prompt, each non-empty) after each prompt, under ``model`` (None: the policy's weights; a
     rollout engine passes the copy it samples from); forwards of at most ``token_budget``
-    prompt tokens after the prompts' shared head (:func:`micro_batches`)."""
+    prompt tokens after the prompts' shared head (:func:`micro_batches`), whose keys and values
+    for one row ``head_keys_of(model, head)`` gives (None: one forward of the head,
+    :meth:`AgentPolicy.prompt_head_keys`; a rollout engine passes the heads it keeps)."""
     model = policy.model if model is None else model
     policy.use_own_adapter(model)
     if not prompt_ids:
         return torch.zeros((0, len(replies)), device=policy.device)
     head = policy.prompt_head_length(prompt_ids, with_gradient=False)
-    head_keys = policy.prompt_head_keys(model, prompt_ids[0][:head])
+    head_keys = None
+    if head:
+        head_keys = (head_keys_of or policy.prompt_head_keys)(model, prompt_ids[0][:head])
     parts = [
         _branch_part(
             policy, model, [prompt_ids[i] for i in part], head, head_keys, replies, temperature

@@ -395,6 +395,36 @@ class HFDecoder:
         says why); on the weights themselves the plain count."""
         return self.policy.logits_to_keep(model, width, keep)
 
+    def score_branches(
+        self,
+        prompt_ids: list[list[int]],
+        replies: list[list[int]],
+        temperature: float,
+        token_budget: int | None,
+    ) -> Tensor:
+        """:func:`~bidswarm.agents.branching.branch_logprobs` on :meth:`rollout_model`, the
+        prompts' shared head from and into the kept heads (:meth:`_prompt_head`: computed once
+        per weights, not once per call), counted in ``prompt_tokens``."""
+        model = self.rollout_model()
+        computed: list[tuple[int, int]] = []  # (head length, its tokens computed)
+
+        def kept_head(model: PreTrainedModel, ids: list[int]) -> DynamicCache:
+            head, rest = self._prompt_head(model, ids)
+            computed.append((len(ids), rest))
+            cache = DynamicCache(config=model.config)
+            for index, (keys, values) in enumerate(zip(head.keys, head.values, strict=True)):
+                cache.update(keys, values, index)
+            return cache
+
+        scores = branch_logprobs(
+            self.policy, prompt_ids, replies, temperature, token_budget, model, kept_head
+        )
+        if self.prompt_tokens is not None:
+            length, rest = computed[0] if computed else (0, 0)
+            given = sum(map(len, prompt_ids))
+            self.prompt_tokens.add(given, rest + given - length * len(prompt_ids))
+        return scores
+
     def _prompt_head(self, model: PreTrainedModel, ids: list[int]) -> tuple[PromptHead, int]:
         """The keys and values of the prompt head ``ids`` under ``model``, from and into this
         decoder's kept heads, and the tokens computed for it
@@ -548,6 +578,6 @@ class HFEngine(RolloutEngine):
         temperature: float,
         token_budget: int | None,
     ) -> Tensor:
-        """On the model that samples, as :meth:`score`."""
-        model = self.decoder(policy).rollout_model()
-        return branch_logprobs(policy, prompt_ids, replies, temperature, token_budget, model)
+        """On the model that samples, as :meth:`score`, after its decoder's kept prompt heads
+        (:meth:`HFDecoder.score_branches`)."""
+        return self.decoder(policy).score_branches(prompt_ids, replies, temperature, token_budget)
