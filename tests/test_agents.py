@@ -403,6 +403,7 @@ def test_branch_scores_compute_the_shared_prompt_head_once(agent, checkpointing)
     prompt_ids = agent.encode_prompts(shared_header_prompts())
     replies = [agent.encode_reply(text) for text in [" 0.6", " mine stone", ""]]
     assert sorted(map(len, replies))[:2] == [1, 2]  # "" is the end of sequence alone
+    agent.model.train(checkpointing)  # training mode: the checkpointed layers drop a cache
     if checkpointing:
         agent.model.gradient_checkpointing_enable()
     head = agent.prompt_head_length(prompt_ids, with_gradient=False)
@@ -412,6 +413,7 @@ def test_branch_scores_compute_the_shared_prompt_head_once(agent, checkpointing)
         found = branch_logprobs(agent, prompt_ids, replies)
     later = sum(len(reply) - 1 for reply in replies)
     assert [tuple(shape) for shape in shapes] == [(1, head), (rows, max(rests)), (rows, later)]
+    assert agent.model.training == checkpointing  # the mode it was in
     assert branch_tokens(agent, prompt_ids, replies) == head + sum(rests) + rows * sum(
         map(len, replies)
     )

@@ -50,6 +50,10 @@ def branch_logprobs(
     policy.use_own_adapter(model)
     if not prompt_ids:
         return torch.zeros((0, len(replies)), device=policy.device)
+    # In evaluation mode: a layer under activation checkpointing in training mode drops the
+    # keys and values it is given (some transformers releases even without gradients).
+    was_training = model.training
+    model.eval()
     head = policy.prompt_head_length(prompt_ids, with_gradient=False)
     head_keys = None
     if head:
@@ -60,6 +64,7 @@ def branch_logprobs(
         )
         for part in micro_batches([len(p) - head for p in prompt_ids], token_budget)
     ]
+    model.train(was_training)
     return torch.cat(parts)
 
 
@@ -124,9 +129,12 @@ def _branch_part(
         ],
         dim=-1,
     )
+    # Additive (0 or the dtype's lowest), as every attention implementation reads a 4D mask.
+    blocked = torch.zeros(visible.shape, dtype=model.dtype, device=device)
+    blocked.masked_fill_(~visible, torch.finfo(model.dtype).min)
     later = model(
         input_ids=tokens[None, :].expand(n, -1),
-        attention_mask=visible,
+        attention_mask=blocked,
         position_ids=positions[:, -1:] + 1 + offset[None, :],
         past_key_values=cache,
         use_cache=True,

@@ -222,7 +222,8 @@ class AgentPolicy(torch.nn.Module):
         one prompt token per row, when it is at least :data:`MIN_TRAINED_PROMPT_HEAD` long. The
         same log-probs and gradients as a forward of every row in full, up to float rounding;
         for a forward ``with_gradient``, never under activation checkpointing, which then drops
-        the keys and values a layer is given (without gradients the layers keep them)."""
+        the keys and values a layer is given (a forward without gradients in evaluation mode
+        keeps them)."""
         if len(prompt_ids) < 2 or (
             with_gradient
             and any(
