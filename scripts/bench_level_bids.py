@@ -20,29 +20,21 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
+from bench_rollout import model_config
 from bidswarm.agents import policy as policy_module
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
-from bidswarm.config import ModelConfig
+from bidswarm.algorithms.auction import PAPER_BID_LEVELS
+from bidswarm.config import DType
 from bidswarm.engines.hf import HFEngine
 from bidswarm.envs.crafting import CraftingEnv
 from bidswarm.envs.crafting.config import CraftingConfig
 from bidswarm.envs.experts import format_bid
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-LEVELS = [round(0.1 * i, 1) for i in range(11)]
-
-
-def model_config(name: str, rollout_dtype: str | None) -> ModelConfig:
-    raw = OmegaConf.load(CONF / "model" / f"{name}.yaml")
-    raw.pop("defaults", None)
-    raw.rollout_dtype = rollout_dtype
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
+LEVELS = list(PAPER_BID_LEVELS)  # the bid levels every preset uses
 
 
 def main() -> None:
@@ -55,8 +47,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = None if args.rollout_dtype == "none" else args.rollout_dtype
-    cfg = model_config(args.model, dtype)
+    cfg = model_config(args.model)
+    cfg.rollout_dtype = None if args.rollout_dtype == "none" else DType(args.rollout_dtype)
     env = CraftingEnv(CraftingConfig())
     population = Population.build(cfg, list(env.roles), 1, None)
     population.eval()
