@@ -30,7 +30,7 @@ from bidswarm.rollout.acting_values import (
 from bidswarm.rollout.batches import BidLabelBatch, BidValueBatch, bid_label_batches
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
-from bidswarm.rollout.market import market_metrics, market_warnings
+from bidswarm.rollout.market import market_metrics, market_warnings, owner_auc
 from bidswarm.rollout.records import Bid, Episode, Reply, StepRecord
 from bidswarm.run.relabel import RoundTraining, mixed_precision, relabel_bids
 from test_coordination import LEVELS, build_swarm, seeded, task
@@ -192,6 +192,16 @@ def test_health_metrics_of_hand_made_episodes():
     assert metrics[f"{names.EXPERT_OWNER_RECALL}/logger"] == pytest.approx(1 / 2)
     assert metrics[f"{names.EXPERT_OWNER_RECALL}/smith"] == pytest.approx(1 / 2)
     assert f"{names.EXPERT_OWNER_RECALL}/miner" not in metrics
+    # The logger acts once, at its own step; the smith twice, once at its own (step 4).
+    assert metrics[f"{names.EXPERT_OWNER_PRECISION}/logger"] == 1.0
+    assert metrics[f"{names.EXPERT_OWNER_PRECISION}/smith"] == pytest.approx(1 / 2)
+    assert f"{names.EXPERT_OWNER_PRECISION}/miner" not in metrics
+    # The logger bids 0.8, 0.6 at its steps and 0, 0, 0.2 at the others: every pair ranked.
+    # The smith bids 0, 0.8 at its steps and 0, 0.6, 0 at the others: 0 ties two (1 pair),
+    # 0.8 beats three: 4 of 6 pairs. The miner owns no step: no area to measure.
+    assert metrics[f"{names.OWNER_AUC}/logger"] == 1.0
+    assert metrics[f"{names.OWNER_AUC}/smith"] == pytest.approx(4 / 6)
+    assert f"{names.OWNER_AUC}/miner" not in metrics
     assert metrics[f"{names.BID_PARSE_RATE}/logger"] == pytest.approx(4 / 5)
     assert metrics[f"{names.BID_PARSE_RATE}/miner"] == 1.0
     assert metrics[names.TOP_TIE_FRAC] == pytest.approx(1 / 5)
@@ -204,6 +214,14 @@ def test_health_metrics_of_hand_made_episodes():
     assert metrics[names.TOP_CONTESTED_WIN_SHARE] == pytest.approx(2 / 3)
     assert market_warnings(metrics) == []
     assert market_warnings({names.TOP_CONTESTED_WIN_SHARE: 0.95})
+
+
+def test_the_owner_auc_ranks_owned_steps_against_the_others():
+    assert owner_auc([(0.8, True), (0.2, False)]) == 1.0
+    assert owner_auc([(0.2, True), (0.8, False)]) == 0.0
+    # A constant bid does not see whose step it is, however high.
+    assert owner_auc([(0.7, True), (0.7, False), (0.7, False)]) == 0.5
+    assert owner_auc([(0.5, True), (0.1, True)]) is None
 
 
 def test_the_monolithic_agent_has_no_agreement_to_measure():

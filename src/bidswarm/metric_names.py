@@ -104,6 +104,16 @@ EXPERT_OWNER_RECALL = "auction/expert_owner_recall"
 """[ours] ``auction/expert_owner_recall/<role>``: of the decision steps whose expert owner is
 ``role`` (the experts' auction would let it act), the share where an agent of ``role`` acted
 (e.g. the smith's: how often the smith acts where crafting is next); per role that owns steps."""
+EXPERT_OWNER_PRECISION = "auction/expert_owner_precision"
+"""[ours] ``auction/expert_owner_precision/<role>``: of the decision steps where an agent of
+``role`` acted (with the expert's view), the share whose expert owner is ``role``: how often a
+win was the role's to take (recall's other half: a role that wins at random has a low one)."""
+OWNER_AUC = "bids/owner_auc"
+"""[ours] ``bids/owner_auc/<role>``: how well the role's own bids tell the steps the expert
+gives it from the others, whoever won: the probability that its bid at a step it owns is above
+its bid at a step it does not (ties half; the area under the ROC curve), over every bid with
+the expert's view. 1: the bid ranks every owned step first; 0.5: the bid does not see whose
+step it is, whatever the reader makes of it."""
 VALID_LEVEL_MASS = "bids/valid_level_mass"
 """[ours] ``bids/valid_level_mass/<role>``: the model's probability (temperature 1, no
 constraint) of replying exactly one of the bid levels, mean over the role's bid prompts of
@@ -127,6 +137,8 @@ MARKET_HEALTH = (
     "auction/regret",
     EXPERT_OWNER_AGREEMENT,
     EXPERT_OWNER_RECALL,
+    EXPERT_OWNER_PRECISION,
+    OWNER_AUC,
     VALID_LEVEL_MASS,
     BID_PARSE_RATE,
     TOP_TIE_FRAC,

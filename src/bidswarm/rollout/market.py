@@ -9,6 +9,7 @@ how often bids parse, tie at the top, or skip the step; and how spread the wins 
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 
@@ -52,9 +53,13 @@ def market_metrics(episodes: list[Episode], roles: list[str | None]) -> dict[str
 def _agreement(episodes: list[Episode], roles: list[str | None]) -> dict[str, float]:
     """``auction/expert_owner_agreement`` over the steps with the experts' view, and its
     ``/on_path`` and ``/off_path`` parts (each only where it has steps); per role that owns
-    steps, ``auction/expert_owner_recall/<role>``."""
+    steps, ``auction/expert_owner_recall/<role>``; per role that acts,
+    ``auction/expert_owner_precision/<role>``; per role whose bids both own and do not own
+    steps, ``bids/owner_auc/<role>``."""
     groups: dict[str, list[bool]] = {"": [], "/on_path": [], "/off_path": []}
     recall: dict[str, list[bool]] = {}
+    precision: dict[str, list[bool]] = {}
+    bids: dict[str, list[tuple[float, bool]]] = {}
     for episode in episodes:
         for step, on_path in zip(episode.steps, episode.on_expert_path, strict=True):
             if not step.expert_levels:
@@ -62,9 +67,16 @@ def _agreement(episodes: list[Episode], roles: list[str | None]) -> dict[str, fl
             agrees = _agrees(step, roles)
             groups[""].append(agrees)
             groups["/on_path" if on_path else "/off_path"].append(agrees)
-            for owner in step.expert_owners:
+            owners = step.expert_owners
+            for owner in owners:
                 acted = step.actor is not None and roles[step.actor] == owner
                 recall.setdefault(owner, []).append(acted)
+            if step.actor is not None:
+                actor = role_name(roles[step.actor])
+                precision.setdefault(actor, []).append(roles[step.actor] in owners)
+            for agent, bid in step.bids.items():
+                role = role_name(roles[agent])
+                bids.setdefault(role, []).append((bid.level, roles[agent] in owners))
     metrics = {
         f"{names.EXPERT_OWNER_AGREEMENT}{part}": sum(flags) / len(flags)
         for part, flags in groups.items()
@@ -72,7 +84,29 @@ def _agreement(episodes: list[Episode], roles: list[str | None]) -> dict[str, fl
     }
     for role, flags in sorted(recall.items()):
         metrics[f"{names.EXPERT_OWNER_RECALL}/{role}"] = sum(flags) / len(flags)
+    for role, flags in sorted(precision.items()):
+        metrics[f"{names.EXPERT_OWNER_PRECISION}/{role}"] = sum(flags) / len(flags)
+    for role, scored in sorted(bids.items()):
+        auc = owner_auc(scored)
+        if auc is not None:
+            metrics[f"{names.OWNER_AUC}/{role}"] = auc
     return metrics
+
+
+def owner_auc(scored: list[tuple[float, bool]]) -> float | None:
+    """The probability that a bid where the bidder owns the step (by the expert) is above one
+    where it does not, ties counting half (the area under the ROC curve, Mann-Whitney); None
+    when either kind is missing. 0.5: the bids do not see which steps are the bidder's."""
+    owned = sorted(level for level, owns in scored if owns)
+    other = sorted(level for level, owns in scored if not owns)
+    if not owned or not other:
+        return None
+    wins = 0.0
+    for level in owned:
+        below = bisect.bisect_left(other, level)
+        tied = bisect.bisect_right(other, level) - below
+        wins += below + tied / 2
+    return wins / (len(owned) * len(other))
 
 
 def _agrees(step: StepRecord, roles: list[str | None]) -> bool:
