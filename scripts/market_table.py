@@ -1,7 +1,8 @@
 """The bid channel's table from training run folders (their ``state.json``), for runs spread
 over several MLflow stores (worktrees at different commits): per run, the held-out reward and
 the market after SFT and after RL; per arm, the gap between ``expert_owner`` and the arm's own
-rule after RL over its (seed, world) cells; and each arm minus the reference arm after RL.
+rule after RL over its (seed, world) cells; each arm minus the reference arm after RL; and per
+run and role, who acts and whether the role's own bids see which steps are its.
 
     python scripts/market_table.py --arm paper=/wt/a/outputs/choice/paper_seed* \\
         --arm anchored=/wt/b/outputs/choice/anchored_seed* --reference paper
@@ -22,6 +23,7 @@ from bidswarm import metric_names as names
 from bidswarm.statistics import paired_difference, summarize
 
 AGREE = names.EXPERT_OWNER_AGREEMENT
+PARTICIPATION = "participation"  # participation/<role>: the role's share of the acting steps
 
 
 def load(folder: Path) -> tuple[int, dict]:
@@ -61,6 +63,31 @@ def run_row(arm: str, seed: int, state: dict, digits: int) -> str:
         f"| {f'{min(mass):.2f}' if mass else '–'} | {gap} "
         f"| {'–' if regret is None else f'{regret:.{digits}f}'} |"
     )
+
+
+def role_rows(arm: str, seed: int, state: dict) -> list[str]:
+    """Per role of the run (SFT → RL, held-out): its share of the acting steps, its recall and
+    precision of the expert's owner, and its bids' owner AUC ("–" where not measured)."""
+    before, after = state["eval_before"], state["eval_after"]
+    prefix = f"{PARTICIPATION}/"
+    roles = sorted(k[len(prefix) :] for k in after if k.startswith(prefix) and k.count("/") == 1)
+
+    def pair(key: str, role: str, percent: bool) -> str:
+        shown = [
+            "–"
+            if f"{key}/{role}" not in m
+            else (f"{100 * m[f'{key}/{role}']:.0f}%" if percent else f"{m[f'{key}/{role}']:.2f}")
+            for m in (before, after)
+        ]
+        return " → ".join(shown)
+
+    return [
+        f"| {arm} | {seed} | {role} | {pair(PARTICIPATION, role, True)} "
+        f"| {pair(names.EXPERT_OWNER_RECALL, role, True)} "
+        f"| {pair(names.EXPERT_OWNER_PRECISION, role, True)} "
+        f"| {pair(names.OWNER_AUC, role, False)} |"
+        for role in roles
+    ]
 
 
 def expert_owner_gap(runs: list[tuple[int, dict]], evaluation: str, digits: int) -> str:
@@ -135,6 +162,16 @@ def main() -> None:
             versus += f" ({len(shared)} seeds)"
         regret = regret_over_runs(runs, digits)
         print(f"| {name} | {len(runs)} | {before} | {after} | {versus} | {regret} |")
+    print()
+    print(
+        "| arm | seed | role | acts SFT → RL | recall of its steps | precision of its wins "
+        "| its bids' owner AUC |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, runs in arms.items():
+        for seed, state in runs:
+            for row in role_rows(name, seed, state):
+                print(row)
 
 
 if __name__ == "__main__":
