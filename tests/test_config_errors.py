@@ -123,6 +123,7 @@ INVALID = [
     ),
     (["coordination.name=dictator"], "coordination.name", "'dictator'", "auction"),
     (["credit.name=magic"], "credit.name", "'magic'", "bucket_brigade"),
+    (["bids=paper", "bids.balanced=true"], "bids.balanced", "True", "only a level reader"),
     # trainer and logger
     (["trainer.accelerator=tpu"], "trainer.accelerator", "'tpu'", "cpu"),
     (["trainer.devices=0"], "trainer.devices", "0", ">= 1 or -1"),

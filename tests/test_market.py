@@ -12,7 +12,15 @@ import torch
 from bidswarm import metric_names as names
 from bidswarm.coordination.auction import Auction
 from bidswarm.coordination.base import Decision, Situation
-from bidswarm.coordination.bid_readers import READERS, Argmax, Expected, Sampled, make_reader
+from bidswarm.coordination.bid_readers import (
+    READERS,
+    Argmax,
+    Expected,
+    Sampled,
+    balance,
+    level_log_priors,
+    make_reader,
+)
 from bidswarm.coordination.expert_owner import ExpertOwner
 from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs import make_env
@@ -80,6 +88,46 @@ def test_a_level_reader_bids_from_the_level_replies_logprobs():
     for bid, row in zip(bids, logprobs.tolist(), strict=True):
         assert bid.parsed and bid.level == Argmax().read(row, LEVELS, 1.0)
         assert bid.reply.text == f"{bid.level:.1f}"
+
+
+def test_balanced_bids_divide_each_level_by_its_share_of_the_roles_labels():
+    # A role that owns one step in ten: its labels bid 0.8 once and 0 nine times.
+    priors = level_log_priors([0.8] + [0.0] * 9, LEVELS)
+    assert priors[0] == pytest.approx(math.log(0.9)) and priors[4] == pytest.approx(math.log(0.1))
+    assert priors[1:4] == [-math.inf] * 3
+    # Unsure at its own step (0.3 on 0.8): read at its base rate it bids 0.27; balanced, the
+    # 0.8 weighs 0.3 / 0.1 against 0.7 / 0.9, and levels its labels never bid count for none.
+    logprobs = [math.log(p) for p in (0.6, 0.05, 0.05, 0.0001, 0.2999)]
+    assert Expected().read(logprobs, LEVELS, 1.0) == pytest.approx(0.27, abs=1e-3)
+    weights = (0.6 / 0.9, 0.2999 / 0.1)
+    balanced = balance(logprobs, priors, 1.0)
+    assert Expected().read(balanced, LEVELS, 1.0) == pytest.approx(0.8 * weights[1] / sum(weights))
+    assert Argmax().read(balanced, LEVELS, 1.0) == 0.8
+    # At a temperature the shares are divided out of the tempered distribution.
+    hot = Expected().read(balance(logprobs, priors, 2.0), LEVELS, 2.0)
+    tempered = (0.6**0.5 / 0.9, 0.2999**0.5 / 0.1)
+    assert hot == pytest.approx(0.8 * tempered[1] / sum(tempered))
+    with pytest.raises(ValueError, match="not all among levels"):
+        level_log_priors([0.5], LEVELS)
+    with pytest.raises(ValueError, match="no bid labels"):
+        level_log_priors([], LEVELS)
+
+
+def test_a_balanced_swarm_reads_its_agents_levels_through_their_roles_shares():
+    swarm = build_swarm()
+    swarm.reader = Expected()
+    env = make_env(task())
+    env.reset(0)
+    plain = swarm.bid_many([0], [[env]], seeded(0))[0][0]
+    priors = level_log_priors([0.8, 0.0, 0.0, 0.0, 0.6], LEVELS)
+    swarm.level_log_priors = {"logger": priors}
+    balanced = swarm.bid_many([0], [[env]], seeded(0))[0][0]
+    row = swarm.level_logprobs(0, [plain.reply.prompt_ids])[0].tolist()
+    assert plain.level == pytest.approx(Expected().read(row, LEVELS, swarm.bid_temperature))
+    assert balanced.level == pytest.approx(
+        Expected().read(balance(row, priors, swarm.bid_temperature), LEVELS, swarm.bid_temperature)
+    )
+    assert balanced.level != pytest.approx(plain.level)
 
 
 def test_level_logprobs_are_the_teacher_forced_logprobs_of_each_levels_reply():

@@ -185,7 +185,8 @@ def test_the_market_options_run_end_to_end(tmp_path):
     """[ours] The market's options together through the real CLI (each is unit-tested in
     tests/test_market.py): the calibrated bid loss forks every agent at sampled states of the bid
     update and logs its calibration error, second-price credit and exploration train the
-    actions, and the held-out evaluation measures the regret."""
+    actions, balanced bids are read through the roles' label shares, and the held-out
+    evaluation measures the regret."""
     run_dir = run_cli(
         tmp_path,
         "debug=smoke",
@@ -193,6 +194,7 @@ def test_the_market_options_run_end_to_end(tmp_path):
         "bids.loss=calibrated",
         "credit=second_price",
         "bids.explore=0.5",
+        "bids.balanced=true",
     )
     history = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["bidswarm"]
     action, bid = history["history"]

@@ -335,6 +335,13 @@ def _bids_problems(cfg: Any, problems: Problems) -> None:
         bids.explore,
         f"0 with bids.reader={bids.reader}: only a level reader knows a bid's spread",
     )
+    problems.require(
+        not bids.balanced or reader is None or reader.reads_levels,
+        "bids.balanced",
+        bids.balanced,
+        f"false with bids.reader={bids.reader}: only a level reader reads the levels' "
+        "probabilities it divides by their shares",
+    )
     problems.at_least("bids.value_branches", bids.value_branches, 1)
     rule = RULES.get(cfg.coordination.name)
     if bids.relabel_rounds > 0 and (rule is None or rule.asks_bids):

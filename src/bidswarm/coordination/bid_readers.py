@@ -104,6 +104,13 @@ class BidsConfig:
     evaluation. The recorded (credited) bid stays the bid. Level readers only."""
     relabel_lr: float | None = None
     """[ours] The learning rate of the relabel rounds' fine-tuning (None: the SFT's)."""
+    balanced: bool = False
+    """[ours] A level reader reads each bid as a classifier trained on balanced labels would: it
+    divides the probability of each level by how often the role's expert labels bid it (the
+    experts' bid demonstrations on the first training worlds, :func:`level_log_priors`; the
+    levels the role's labels never bid get none), then reads. A role that owns few steps (one
+    an episode) otherwise bids its levels near their base rate wherever the model is unsure, and
+    is outbid at the very steps its bids rank first. Level readers only."""
     mass_probe_prompts: int = 64
     """Bid prompts per agent that ``bids/valid_level_mass`` reads in each update and each
     evaluation (a diagnostic, not counted in FLOPs; 0: not measured)."""
@@ -180,6 +187,30 @@ class Expected(BidReader):
         top = max(scaled)
         weights = [math.exp(s - top) for s in scaled]
         return sum(w * level for w, level in zip(weights, levels, strict=True)) / sum(weights)
+
+
+def level_log_priors(labels: Sequence[float], levels: Sequence[float]) -> list[float]:
+    """The log share of each of ``levels`` among one role's bid ``labels`` (each one of the
+    levels), -inf for a level no label bids: what ``bids.balanced`` divides the level
+    probabilities by. Raises on no labels (a role with no bids to balance)."""
+    if not labels:
+        raise ValueError("no bid labels to take the levels' shares from")
+    counts = [sum(math.isclose(label, level) for label in labels) for level in levels]
+    if sum(counts) != len(labels):
+        raise ValueError(f"bid labels {sorted(set(labels))} are not all among levels {levels}")
+    return [math.log(c / len(labels)) if c else -math.inf for c in counts]
+
+
+def balance(
+    logprobs: Sequence[float], log_priors: Sequence[float], temperature: float
+) -> list[float]:
+    """``logprobs`` with each level's share of the labels divided out at ``temperature``
+    (softmax(result / T) is softmax(logprobs / T) / prior, renormalised), a level no label
+    bids dropped (-inf): the input of any level reader under ``bids.balanced``."""
+    return [
+        -math.inf if prior == -math.inf else lp - temperature * prior
+        for lp, prior in zip(logprobs, log_priors, strict=True)
+    ]
 
 
 def make_reader(name: str) -> BidReader:

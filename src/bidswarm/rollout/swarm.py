@@ -20,7 +20,7 @@ from bidswarm.agents.branching import branch_tokens
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate, parse_bid
 from bidswarm.algorithms.resampling import draw_below
-from bidswarm.coordination.bid_readers import BidReader, Sampled
+from bidswarm.coordination.bid_readers import BidReader, Sampled, balance
 from bidswarm.engines import Generation, PromptBatch, RolloutEngine
 from bidswarm.envs.base import TextEnv
 from bidswarm.envs.experts import format_bid, snap_to_level
@@ -51,10 +51,13 @@ class Swarm:
         bid_temperature: float | None = None,
         eval_bid_temperature: float | None = None,
         explore: float = 0.0,
+        level_log_priors: dict[str, list[float]] | None = None,
     ):
         """``reader``: how bids are read (``bids.reader``; default the paper's ``sampled``);
         ``bid_temperature`` / ``eval_bid_temperature``: the bids' temperature in training and
-        in held-out evaluation (:meth:`evaluating`); None: ``temperature`` / the training one."""
+        in held-out evaluation (:meth:`evaluating`); None: ``temperature`` / the training one;
+        ``level_log_priors``: per role, the log share of each bid level among its expert
+        labels, divided out of a level reader's probabilities (``bids.balanced``)."""
         self.population = population
         self.bid_population = bid_population or population
         """Whose bid policies bid (the component ablation mixes checkpoints); default: the same."""
@@ -67,6 +70,7 @@ class Swarm:
         self.token_budget = token_budget
         self.usage = Usage()
         self.reader = reader or Sampled()
+        self.level_log_priors = level_log_priors or {}
         self.explore = self.train_explore = explore
         """``bids.explore`` in training, 0 in held-out evaluation (:meth:`evaluating`)."""
         self.train_bid_temperature = bid_temperature or temperature
@@ -207,8 +211,11 @@ class Swarm:
         prompt_ids = policy.encode_prompts(prompts)
         with torch.no_grad():
             logprobs = self.level_logprobs(agent, prompt_ids).tolist()
+        priors = self.level_log_priors.get(policy.role)
         bids = []
         for ids, row in zip(prompt_ids, logprobs, strict=True):
+            if priors is not None:
+                row = balance(row, priors, self.bid_temperature)
             value = self.reader.read(row, self.bid_levels, self.bid_temperature)
             text = format_bid(snap_to_level(value, self.bid_levels))
             reply = Reply(agent, ids, policy.encode_reply(self.prompts.reply_text(text)), text)

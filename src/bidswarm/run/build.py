@@ -11,11 +11,11 @@ from omegaconf import DictConfig, OmegaConf
 from bidswarm.agents.population import Population
 from bidswarm.agents.prompts import PromptTemplate
 from bidswarm.coordination import RULES, make_coordination
-from bidswarm.coordination.bid_readers import make_reader
+from bidswarm.coordination.bid_readers import level_log_priors, make_reader
 from bidswarm.engines import make_engine
 from bidswarm.envs import make_env
 from bidswarm.envs.base import MONOLITHIC, TextEnv
-from bidswarm.envs.experts import Demonstration
+from bidswarm.envs.experts import Demonstration, parse_bid
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.swarm import Swarm
 from bidswarm.run.demonstrations import (
@@ -69,6 +69,18 @@ def served_models(population: Population) -> int:
     return 1 if population.is_lora else len(population)
 
 
+def role_level_priors(
+    demonstrations: list[Demonstration], levels: list[float]
+) -> dict[str, list[float]]:
+    """Per role with bid demonstrations, the log share of each bid level among its labels
+    (``bids.balanced``; :func:`~bidswarm.coordination.bid_readers.level_log_priors`)."""
+    labels: dict[str, list[float]] = {}
+    for demo in demonstrations:
+        if demo.kind == "bid" and demo.role is not None:
+            labels.setdefault(demo.role, []).append(parse_bid(demo.reply, levels)[0])
+    return {role: level_log_priors(bids, levels) for role, bids in labels.items()}
+
+
 def build_rollout_loop(
     cfg: DictConfig,
     population: Population,
@@ -86,7 +98,8 @@ def build_rollout_loop(
     prompts = PromptTemplate.for_env(
         env, cfg.model.prompt_style, tokenizer, levels, cfg.bids.prompt
     )
-    if action_limit_demonstrations is None and cfg.model.max_action_tokens is None:
+    needs_demonstrations = cfg.model.max_action_tokens is None or cfg.bids.balanced
+    if action_limit_demonstrations is None and needs_demonstrations:
         action_limit_demonstrations = expert_demonstrations(env, action_limit_worlds(env), levels)
     max_action_tokens = action_token_limit(
         cfg.model.max_action_tokens, action_limit_demonstrations or [], prompts, tokenizer
@@ -111,6 +124,11 @@ def build_rollout_loop(
         bid_temperature=cfg.bids.temperature,
         eval_bid_temperature=cfg.bids.eval_temperature,
         explore=cfg.bids.explore,
+        level_log_priors=(
+            role_level_priors(action_limit_demonstrations or [], levels)
+            if cfg.bids.balanced
+            else None
+        ),
     )
     coordination = make_coordination(OmegaConf.to_object(cfg.coordination))
     return RolloutLoop(lambda: make_env(task_config), swarm, coordination)
