@@ -80,7 +80,8 @@ class EvaluateConfig:
     coordination: Any = None
     bids: Any = None
     """The bid channel (``conf/bids/``); None: the run's (its reader and prompts must be those
-    it was trained with; ``bids.eval_temperature=...`` changes only the evaluation's)."""
+    it was trained with; ``+bids.eval_temperature=...`` changes only the evaluation's, and
+    ``+bids.balanced=true`` reads the same trained bids balanced)."""
     logger: LoggerConfig = MISSING
     verbose: bool = False
     """Show the libraries' console output too (otherwise it goes to the job's log file only)."""
