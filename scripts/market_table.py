@@ -162,16 +162,15 @@ def main() -> None:
             versus += f" ({len(shared)} seeds)"
         regret = regret_over_runs(runs, digits)
         print(f"| {name} | {len(runs)} | {before} | {after} | {versus} | {regret} |")
-    print()
-    print(
-        "| arm | seed | role | acts SFT → RL | recall of its steps | precision of its wins "
-        "| its bids' owner AUC |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for name, runs in arms.items():
-        for seed, state in runs:
-            for row in role_rows(name, seed, state):
-                print(row)
+    rows = [row for name, runs in arms.items() for s, st in runs for row in role_rows(name, s, st)]
+    if rows:
+        print()
+        print(
+            "| arm | seed | role | acts SFT → RL | recall of its steps | precision of its wins "
+            "| its bids' owner AUC |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bidswarm.agents import policy as policy_module
-from bidswarm.agents.branching import branch_logprobs, branch_tokens
+from bidswarm.agents.branching import ReplyTree, branch_logprobs, branch_tokens
 from bidswarm.agents.models import load_model_and_tokenizer
 from bidswarm.agents.policy import (
     AgentPolicy,
@@ -396,13 +396,16 @@ def test_a_shared_prompt_head_is_trained_once_with_the_same_logprobs_and_gradien
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_branch_scores_compute_the_shared_prompt_head_once(agent, checkpointing):
     """Every reply after every prompt, as teacher forcing each (prompt, reply) row gives it: the
-    prompts' shared head in one forward of one row, their rests in one, every reply's later
-    tokens in one; without gradients also under activation checkpointing; the ledger
-    counts the head once."""
+    prompts' shared head in one forward of one row, their rests in one, the replies' later
+    tokens in one (a common start once); without gradients also under activation
+    checkpointing; the ledger counts the head once."""
     agent = varied_agent(agent)
     prompt_ids = agent.encode_prompts(shared_header_prompts())
-    replies = [agent.encode_reply(text) for text in [" 0.6", " mine stone", ""]]
+    replies = [agent.encode_reply(text) for text in [" 0.6", " mine stone", " mine log", ""]]
     assert sorted(map(len, replies))[:2] == [1, 2]  # "" is the end of sequence alone
+    later = sum(len(reply) - 1 for reply in replies)
+    tree = ReplyTree.of(replies)
+    assert len(tree) < later  # the two mines feed their common start once
     agent.model.train(checkpointing)  # training mode: the checkpointed layers drop a cache
     if checkpointing:
         agent.model.gradient_checkpointing_enable()
@@ -411,12 +414,9 @@ def test_branch_scores_compute_the_shared_prompt_head_once(agent, checkpointing)
     rows, rests = len(prompt_ids), [len(ids) - head for ids in prompt_ids]
     with forward_input_shapes(agent) as shapes:
         found = branch_logprobs(agent, prompt_ids, replies)
-    later = sum(len(reply) - 1 for reply in replies)
-    assert [tuple(shape) for shape in shapes] == [(1, head), (rows, max(rests)), (rows, later)]
+    assert [tuple(shape) for shape in shapes] == [(1, head), (rows, max(rests)), (rows, len(tree))]
     assert agent.model.training == checkpointing  # the mode it was in
-    assert branch_tokens(agent, prompt_ids, replies) == head + sum(rests) + rows * sum(
-        map(len, replies)
-    )
+    assert branch_tokens(agent, prompt_ids, replies) == head + sum(rests) + rows * len(tree)
     with torch.no_grad():
         for j, reply in enumerate(replies):
             logp, mask = agent.reply_token_logprobs(prompt_ids, [reply] * rows)
@@ -427,6 +427,23 @@ def test_branch_scores_compute_the_shared_prompt_head_once(agent, checkpointing)
     assert [tuple(shape) for shape in shapes if shape[1] == head] == [(1, head)]
     assert [tuple(shape) for shape in shapes if shape[0] == rows] == []
     torch.testing.assert_close(one_by_one, found, atol=1e-4, rtol=0)
+
+
+def test_the_reply_tree_feeds_each_start_once_and_scores_every_later_token():
+    replies = [[5, 7, 9, 2], [5, 7, 8, 2], [5, 2], [6, 2], [3]]
+    tree = ReplyTree.of(replies)
+    # Starts (5), (5, 7), (5, 7, 9), (5, 7, 8), (6): the one-token reply feeds nothing.
+    assert tree.tokens == [5, 7, 9, 8, 6] and tree.depth == [0, 1, 2, 2, 0]
+    assert [[int(b) for b in row] for row in tree.sees] == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [0, 0, 0, 0, 1],
+    ]
+    assert tree.scored == [
+        (0, 0, 7), (0, 1, 9), (0, 2, 2), (1, 0, 7), (1, 1, 8), (1, 3, 2), (2, 0, 2), (3, 4, 2)
+    ]  # fmt: skip
 
 
 def test_no_prompt_head_under_activation_checkpointing(agent):

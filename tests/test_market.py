@@ -511,7 +511,13 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         folder = tmp_path / name
         folder.mkdir()
         (folder / "resolved_config.yaml").write_text(f"task:\n  seed: 9\nseed: {seed}\n")
-        metrics = {names.EXPERT_OWNER_AGREEMENT: 0.5, f"{names.VALID_LEVEL_MASS}/logger": 0.9}
+        metrics = {
+            names.EXPERT_OWNER_AGREEMENT: 0.5,
+            f"{names.VALID_LEVEL_MASS}/logger": 0.9,
+            "participation/logger": 0.25,
+            f"{names.EXPERT_OWNER_RECALL}/logger": 0.5,
+            f"{names.OWNER_AUC}/logger": 0.75,
+        }
         if regret is not None:
             metrics[f"{names.REGRET}/mean"] = regret
         worlds = {str(w): own + w for w in range(4)}
@@ -549,7 +555,9 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     ).stdout
     assert "| b | 0 | 20.0 → 20.0" in both and "| a | 0 | 10.0 → 10.0" in both
     assert "| b | 1 | +2.0 (+2.0 .. +2.0) | +2.0 (+2.0 .. +2.0) | +10.0" in both
-    assert both.rstrip().endswith("(1 seeds) | – |")  # b's run has no regret
+    assert "| +10.0 (+10.0 .. +10.0) (1 seeds) | – |" in both  # b's run has no regret
+    # per run and role: its share of the acting steps, recall, precision (none logged), AUC
+    assert "| b | 0 | logger | 25% → 25% | 50% → 50% | – → – | 0.75 → 0.75 |" in both
     missing = subprocess.run(
         [sys.executable, str(script), "--arm", f"a={tmp_path / 'nothing'}"],
         capture_output=True,

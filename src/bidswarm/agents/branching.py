@@ -3,16 +3,19 @@ reader of bids needs (every level's canonical reply to every bid prompt, ``bids.
 
 Teacher-forcing every (prompt, reply) row recomputes each prompt once per reply; here each
 prompt is computed once and its replies' few tokens follow it side by side in one more forward,
-each reply seeing the prompt and its own earlier tokens (a block-diagonal mask): the same
-log-probs up to float rounding, at about 1 / (number of replies) of the prompt compute, with no
-copy of the prompt's keys and values per reply. The prompts' shared head (a chat template's
-system turn, the task and role text: :meth:`AgentPolicy.prompt_head_length`) is computed once,
-for one row, for all of them; the micro-batches bound the tokens of each prompt after it.
+each reply seeing the prompt and its own earlier tokens: the same log-probs up to float
+rounding, at about 1 / (number of replies) of the prompt compute, with no copy of the prompt's
+keys and values per reply. Replies that start alike feed their common start once
+(:class:`ReplyTree`: the bid levels ``0.0`` .. ``0.8`` are ``0``, ``.``, a digit, the end, so 7
+positions, not 15). The prompts' shared head (a chat template's system turn, the task and role
+text: :meth:`AgentPolicy.prompt_head_length`) is computed once, for one row, for all of them;
+the micro-batches bound the tokens of each prompt after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -28,6 +31,38 @@ from bidswarm.agents.policy import (
 
 HeadKeys = Callable[[PreTrainedModel, list[int]], DynamicCache]
 """The keys and values of a prompt head (its token ids) under a model, for one row."""
+
+
+@dataclass(frozen=True)
+class ReplyTree:
+    """The replies' tokens after their first, fed once per distinct start: each position is a
+    distinct prefix ``reply[:k + 1]`` (``k >= 0``) of a reply longer than one token, and its
+    logits score the token after it for every reply that starts so."""
+
+    tokens: list[int]
+    """Each position's last token."""
+    depth: list[int]
+    """Each position's offset after the prompt (its prefix's length - 1)."""
+    sees: list[list[bool]]
+    """``sees[a][b]``: position ``b``'s prefix starts position ``a``'s (itself included)."""
+    scored: list[tuple[int, int, int]]
+    """(reply, position, target token) for every token of every reply after its first."""
+
+    @classmethod
+    def of(cls, replies: list[list[int]]) -> ReplyTree:
+        prefixes: dict[tuple[int, ...], int] = {}
+        scored = []
+        for j, reply in enumerate(replies):
+            for k in range(len(reply) - 1):
+                prefix = tuple(reply[: k + 1])
+                position = prefixes.setdefault(prefix, len(prefixes))
+                scored.append((j, position, reply[k + 1]))
+        order = list(prefixes)
+        sees = [[a[: len(b)] == b for b in order] for a in order]
+        return cls([p[-1] for p in order], [len(p) - 1 for p in order], sees, scored)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
 
 
 @torch.no_grad()
@@ -58,9 +93,17 @@ def branch_logprobs(
     head_keys = None
     if head:
         head_keys = (head_keys_of or policy.prompt_head_keys)(model, prompt_ids[0][:head])
+    tree = ReplyTree.of(replies)
     parts = [
         _branch_part(
-            policy, model, [prompt_ids[i] for i in part], head, head_keys, replies, temperature
+            policy,
+            model,
+            [prompt_ids[i] for i in part],
+            head,
+            head_keys,
+            replies,
+            tree,
+            temperature,
         )
         for part in micro_batches([len(p) - head for p in prompt_ids], token_budget)
     ]
@@ -74,13 +117,13 @@ def branch_tokens(
     replies: list[list[int]],
 ) -> int:
     """Tokens :func:`branch_logprobs` computes for these prompts and replies (what the FLOP
-    ledger counts): the prompts' shared head once, each prompt's rest, then every reply after
-    every prompt (padding not counted)."""
+    ledger counts): the prompts' shared head once, each prompt's rest, then the replies' tree
+    of later tokens (:class:`ReplyTree`) after every prompt (padding not counted)."""
     if not prompt_ids:
         return 0
     head = policy.prompt_head_length(prompt_ids, with_gradient=False)
     rests = sum(len(ids) - head for ids in prompt_ids)
-    return head + rests + len(prompt_ids) * sum(map(len, replies))
+    return head + rests + len(prompt_ids) * len(ReplyTree.of(replies))
 
 
 def _branch_part(
@@ -90,10 +133,11 @@ def _branch_part(
     head: int,
     head_keys: DynamicCache | None,
     replies: list[list[int]],
+    tree: ReplyTree,
     temperature: float,
 ) -> Tensor:
     """:func:`branch_logprobs` of prompts that start with the same ``head`` tokens, whose keys
-    and values (one row) ``head_keys`` holds (None: no head)."""
+    and values (one row) ``head_keys`` holds (None: no head); ``tree``: the replies'."""
     device = policy.device
     n = len(prompt_ids)
     ids, rest_mask = left_pad([prompt[head:] for prompt in prompt_ids], policy.pad_id, device)
@@ -111,17 +155,15 @@ def _branch_part(
     )
     first = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)  # [n, V]
     scores = torch.stack([first[:, reply[0]] for reply in replies], dim=1)  # [n, k]
-    # Every reply's later tokens in one forward over the prompts' keys and values: the replies
-    # side by side in one row, each attending to the prompt and to its own earlier tokens only
-    # (a block-diagonal causal mask), at the positions it would have after the prompt alone.
-    fed = [(j, reply[:-1]) for j, reply in enumerate(replies) if len(reply) > 1]
-    if not fed:
+    # Every reply's later tokens in one forward over the prompts' keys and values: the replies'
+    # tree side by side in one row, each position attending to the prompt and to the positions
+    # of its own prefix only, at the position it would have after the prompt alone.
+    if not len(tree):
         return scores
-    tokens = torch.tensor([t for _, part in fed for t in part], device=device)
-    block = torch.tensor([b for b, (_, part) in enumerate(fed) for _ in part], device=device)
-    offset = torch.cat([torch.arange(len(part), device=device) for _, part in fed])
-    width = len(tokens)
-    own = (block[:, None] == block[None, :]) & (offset[:, None] >= offset[None, :])  # [Q, Q]
+    tokens = torch.tensor(tree.tokens, device=device)
+    depth = torch.tensor(tree.depth, device=device)
+    width = len(tree)
+    own = torch.tensor(tree.sees, device=device)  # [Q, Q]
     visible = torch.cat(
         [
             mask.bool()[:, None, None, :].expand(n, 1, width, mask.shape[1]),
@@ -135,12 +177,13 @@ def _branch_part(
     later = model(
         input_ids=tokens[None, :].expand(n, -1),
         attention_mask=blocked,
-        position_ids=positions[:, -1:] + 1 + offset[None, :],
+        position_ids=positions[:, -1:] + 1 + depth[None, :],
         past_key_values=cache,
         use_cache=True,
     )
     log_probs = torch.log_softmax(later.logits.float() / temperature, dim=-1)  # [n, Q, V]
-    targets = torch.tensor([t for j, _ in fed for t in replies[j][1:]], device=device)
-    token_scores = log_probs.gather(-1, targets[None, :, None].expand(n, -1, 1))[..., 0]
-    columns = torch.tensor([j for j, part in fed for _ in part], device=device)
-    return scores.index_add(1, columns, token_scores)
+    reply, position, target = (
+        torch.tensor([entry[i] for entry in tree.scored], device=device) for i in range(3)
+    )
+    token_scores = log_probs[:, position, target]  # [n, scored tokens]
+    return scores.index_add(1, reply, token_scores)
