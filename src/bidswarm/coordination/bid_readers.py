@@ -108,9 +108,11 @@ class BidsConfig:
     """[ours] A level reader reads each bid as a classifier trained on balanced labels would: it
     divides the probability of each level by how often the role's expert labels bid it (the
     experts' bid demonstrations on the first training worlds, :func:`level_log_priors`; the
-    levels the role's labels never bid get none), then reads. A role that owns few steps (one
-    an episode) otherwise bids its levels near their base rate wherever the model is unsure, and
-    is outbid at the very steps its bids rank first. Level readers only."""
+    levels the role's labels never bid get none: a role whose labels are all passes always
+    passes), then reads. A role that owns few steps (one an episode) otherwise bids its levels
+    near their base rate wherever the model is unsure, and is outbid at the very steps its bids
+    rank first. What the forks draw below the runner-up and what the learner scores stay the
+    model's own distribution. Level readers only."""
     mass_probe_prompts: int = 64
     """Bid prompts per agent that ``bids/valid_level_mass`` reads in each update and each
     evaluation (a diagnostic, not counted in FLOPs; 0: not measured)."""
