@@ -97,7 +97,7 @@ def owner_auc(scored: list[tuple[float, bool]]) -> float | None:
     """The probability that a bid where the bidder owns the step (by the expert) is above one
     where it does not, ties counting half (the area under the ROC curve, Mann-Whitney); None
     when either kind is missing. 0.5: the bids do not see which steps are the bidder's."""
-    owned = sorted(level for level, owns in scored if owns)
+    owned = [level for level, owns in scored if owns]
     other = sorted(level for level, owns in scored if not owns)
     if not owned or not other:
         return None
