@@ -24,6 +24,7 @@ from bidswarm.statistics import paired_difference, summarize
 
 AGREE = names.EXPERT_OWNER_AGREEMENT
 PARTICIPATION = "participation"  # participation/<role>: the role's share of the acting steps
+SUCCESS = "task/success"  # the share of episodes that met the task's goal (tasks that have one)
 
 
 def load(folder: Path) -> tuple[int, dict]:
@@ -100,6 +101,28 @@ def expert_owner_gap(runs: list[tuple[int, dict]], evaluation: str, digits: int)
     return interval(differences, digits)
 
 
+def versus_reference(
+    runs: list[tuple[int, dict]], reference: list[tuple[int, dict]], evaluation: str, digits: int
+) -> str:
+    """The arm − the reference arm at ``evaluation`` over the seeds both ran, paired per
+    (seed, world)."""
+    shared = {s for s, _ in runs} & {s for s, _ in reference}
+    key = f"{evaluation}_worlds"
+    mine = {k: v for k, v in cells(runs, key).items() if k[0] in shared}
+    difference = paired_difference(mine, cells(reference, key))
+    return f"{interval(difference, digits)} ({len(shared)} seeds)"
+
+
+def success(runs: list[tuple[int, dict]]) -> str:
+    """Each run's share of held-out episodes that met the task's goal, after SFT → after RL."""
+
+    def shares(evaluation: str) -> str:
+        found = [state[evaluation].get(SUCCESS) for _, state in runs]
+        return ", ".join("–" if share is None else f"{100 * share:.0f}%" for share in found)
+
+    return f"{shares('eval_before')} → {shares('eval_after')}"
+
+
 def regret_over_runs(runs: list[tuple[int, dict]], digits: int) -> str:
     """The mean of the runs' who-should-act regrets after RL and its t interval over the runs."""
     regrets = [state["eval_after"].get(f"{names.REGRET}/mean") for _, state in runs]
@@ -145,23 +168,23 @@ def main() -> None:
             print(run_row(name, seed, state, digits))
     print()
     print(
-        "| arm | seeds | expert_owner − own after SFT | after RL | arm − reference after RL "
-        "| regret after RL (over runs) |"
+        "| arm | seeds | expert_owner − own after SFT | after RL | arm − reference after SFT "
+        "| after RL | success SFT → RL (per seed) | regret after RL (over runs) |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     reference = arms.get(args.reference, [])
     for name, runs in arms.items():
         before = expert_owner_gap(runs, "eval_before", digits)
         after = expert_owner_gap(runs, "eval_after", digits)
-        versus = "–"
+        versus = {key: "–" for key in ("eval_before", "eval_after")}
         if reference and name != args.reference:
-            shared = {s for s, _ in runs} & {s for s, _ in reference}
-            mine = {k: v for k, v in cells(runs, "eval_after_worlds").items() if k[0] in shared}
-            theirs = cells(reference, "eval_after_worlds")
-            versus = interval(paired_difference(mine, theirs), digits)
-            versus += f" ({len(shared)} seeds)"
+            for key in versus:
+                versus[key] = versus_reference(runs, reference, key, digits)
         regret = regret_over_runs(runs, digits)
-        print(f"| {name} | {len(runs)} | {before} | {after} | {versus} | {regret} |")
+        print(
+            f"| {name} | {len(runs)} | {before} | {after} | {versus['eval_before']} "
+            f"| {versus['eval_after']} | {success(runs)} | {regret} |"
+        )
     rows = [row for name, runs in arms.items() for s, st in runs for row in role_rows(name, s, st)]
     if rows:
         print()

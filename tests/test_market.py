@@ -507,7 +507,9 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     import sys
     from pathlib import Path
 
-    def run_folder(name: str, seed: int, own: float, reference: float, regret=None) -> Path:
+    def run_folder(
+        name: str, seed: int, own: float, reference: float, regret=None, success=None
+    ) -> Path:
         folder = tmp_path / name
         folder.mkdir()
         (folder / "resolved_config.yaml").write_text(f"task:\n  seed: 9\nseed: {seed}\n")
@@ -521,13 +523,15 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         if regret is not None:
             metrics[f"{names.REGRET}/mean"] = regret
         worlds = {str(w): own + w for w in range(4)}
+        later = {str(w): own + 2 * w for w in range(4)}  # RL changes the arm's worlds
+        shares = {} if success is None else {"task/success": success}
         state = {
             "eval_before": {"reward/mean": own} | metrics,
-            "eval_after": {"reward/mean": own} | metrics,
+            "eval_after": {"reward/mean": own} | metrics | shares,
             "eval_before_worlds": worlds,
-            "eval_after_worlds": worlds,
+            "eval_after_worlds": later,
             "eval_before_expert_owner_worlds": {w: r + reference - own for w, r in worlds.items()},
-            "eval_after_expert_owner_worlds": {w: r + reference - own for w, r in worlds.items()},
+            "eval_after_expert_owner_worlds": {w: r + reference - own for w, r in later.items()},
         }
         (folder / "state.json").write_text(json.dumps(state))
         return folder
@@ -542,10 +546,13 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     ).stdout
     assert "| a | 0 | 10.0 → 10.0 | 50% → 50%" in out
     # the regret over runs: mean 3.0, t interval with one degree of freedom (12.71 x SE 1.0)
-    assert "| a | 2 | +5.0 (+5.0 .. +5.0) | +5.0 (+5.0 .. +5.0) | – | 3.0 (-9.7 .. 15.7) |" in out
+    assert (
+        "| a | 2 | +5.0 (+5.0 .. +5.0) | +5.0 (+5.0 .. +5.0) | – | – | –, – → –, – "
+        "| 3.0 (-9.7 .. 15.7) |"
+    ) in out
     # arms named item by item within one --arm, each against the reference; a folder that
     # holds no run is an error naming it, not a row left out
-    other = run_folder("b0", 0, 20.0, 22.0)
+    other = run_folder("b0", 0, 20.0, 22.0, success=0.25)
     items = [f"a={folders[0]}", f"b={other}"]
     both = subprocess.run(
         [sys.executable, str(script), "--arm", *items, "--reference", "a"],
@@ -555,7 +562,11 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
     ).stdout
     assert "| b | 0 | 20.0 → 20.0" in both and "| a | 0 | 10.0 → 10.0" in both
     assert "| b | 1 | +2.0 (+2.0 .. +2.0) | +2.0 (+2.0 .. +2.0) | +10.0" in both
-    assert "| +10.0 (+10.0 .. +10.0) (1 seeds) | – |" in both  # b's run has no regret
+    # b − a paired per world after SFT (10 + w against 20 + w) and after RL (10 + 2w, 20 + 2w);
+    # b's share of successful episodes after RL (none logged after SFT); b has no regret
+    assert (
+        "| +10.0 (+10.0 .. +10.0) (1 seeds) | +10.0 (+10.0 .. +10.0) (1 seeds) | – → 25% | – |"
+    ) in both
     # per run and role: its share of the acting steps, recall, precision (none logged), AUC
     assert "| b | 0 | logger | 25% → 25% | 50% → 50% | – → – | 0.75 → 0.75 |" in both
     missing = subprocess.run(
@@ -588,4 +599,4 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         check=True,
     ).stdout
     assert "| m | 0 | 31.5 → 31.5 | – | – | – | – |" in mono
-    assert "| m | 1 | – | – | +20.0 (+20.0 .. +20.0) (1 seeds) | – |" in mono
+    assert "| m | 1 | – | – | +20.0 (+20.0 .. +20.0) (1 seeds) | +18.5 (" in mono
