@@ -124,6 +124,8 @@ INVALID = [
     (["coordination.name=dictator"], "coordination.name", "'dictator'", "auction"),
     (["credit.name=magic"], "credit.name", "'magic'", "bucket_brigade"),
     (["bids=paper", "bids.balanced=true"], "bids.balanced", "True", "only a level reader"),
+    (["bids=paper", "bids.anchor_target=levels"], "bids.anchor_target", "levels", "no anchor"),
+    (["bids.anchor_target=labels"], "bids.anchor_target", "labels", "expert"),
     # trainer and logger
     (["trainer.accelerator=tpu"], "trainer.accelerator", "'tpu'", "cpu"),
     (["trainer.devices=0"], "trainer.devices", "0", ">= 1 or -1"),

@@ -25,7 +25,7 @@ from bidswarm.coordination.expert_owner import ExpertOwner
 from bidswarm.coordination.fixed import RoundRobin
 from bidswarm.envs import make_env
 from bidswarm.envs.experts import expert_levels, expert_owners, play_expert_episode
-from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss
+from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss, level_mass_loss
 from bidswarm.report.market import market_run_table, owner_gap_table
 from bidswarm.report.reading import RunResult
 from bidswarm.rollout.acting_values import (
@@ -35,7 +35,13 @@ from bidswarm.rollout.acting_values import (
     sample_states,
     value_targets,
 )
-from bidswarm.rollout.batches import BidLabelBatch, BidValueBatch, bid_label_batches
+from bidswarm.rollout.batches import (
+    BidLabelBatch,
+    BidLevelMassBatch,
+    BidValueBatch,
+    bid_label_batches,
+    level_mass_batches,
+)
 from bidswarm.rollout.evaluation import evaluate
 from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import market_metrics, market_warnings, owner_auc
@@ -313,6 +319,67 @@ def test_the_anchor_moves_the_bid_policy_onto_the_experts_levels():
         losses.append(float(loss))
     assert losses[-1] < 0.5 * losses[0]
     assert sum(swarm.level_mass(0, prompts)) / len(prompts) > mass_before
+
+
+def test_the_level_anchor_takes_each_bidders_prompts_with_every_level():
+    episode = Episode(
+        0, [step(0, 0, [0.8, 0.2, 0.0], "logger"), step(1, 2, [0.2, 0.0, 0.8], "smith")]
+    )
+    batches = level_mass_batches([episode], [0.0, 0.4, 0.8], lambda a, lv: [a, int(lv * 10)], 64)
+    assert [b.agent for b in batches] == [0, 1, 2]
+    assert all(len(b.prompt_ids) == 2 for b in batches)  # every bid prompt, no label needed
+    assert batches[1].level_ids == [[1, 0], [1, 4], [1, 8]]
+    capped = level_mass_batches([episode] * 10, [0.0, 0.8], lambda a, level: [a], limit=3)
+    assert all(len(b.prompt_ids) == 3 for b in capped)
+
+
+def within_levels(swarm, prompts) -> torch.Tensor:
+    """The logger's distribution over the levels given that it replies one, per prompt."""
+    return swarm.level_logprobs(0, prompts, counted=False).softmax(dim=1)
+
+
+def test_the_level_anchor_raises_the_level_mass_and_leaves_the_choice_to_the_model():
+    """[ours] bids.anchor_target=levels: its loss is -log of the level mass the swarm reads;
+    training on it raises that mass, and moves the odds between the levels less than the
+    label anchor, trained alike, moves them toward the expert's labels."""
+    moved = {}
+    for target in ("levels", "expert"):
+        swarm = build_swarm()
+        envs = [make_env(task()) for _ in range(4)]
+        for seed, env in enumerate(envs):
+            env.reset(seed)
+        policy = swarm.population.agents[0]
+        prompts = policy.encode_prompts(
+            [swarm.prompts.bid("logger", e.observation("logger")) for e in envs]
+        )
+        level_ids = [swarm.level_reply_ids(0, level) for level in LEVELS]
+        labels = [swarm.level_reply_ids(0, expert_levels(e, LEVELS)["logger"]) for e in envs]
+        mass_before = torch.tensor(swarm.level_mass(0, prompts))
+        choice_before = within_levels(swarm, prompts)
+        optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
+        for update in range(8):
+            optimizer.zero_grad()
+            if target == "levels":
+                batch = BidLevelMassBatch(0, prompts, level_ids)
+                loss = level_mass_loss(policy, batch, 1.0, 256, lambda a, term: term.backward())
+                if update == 0:  # the learner's loss is what the swarm reads, by another path
+                    assert float(loss) == pytest.approx(float(-mass_before.log().mean()), rel=1e-4)
+            else:
+                batch = BidLabelBatch(0, prompts, labels)
+                bid_anchor_loss(policy, batch, 1.0, 256, lambda a, term: term.backward())
+            optimizer.step()
+        if target == "levels":
+            mass_after = torch.tensor(swarm.level_mass(0, prompts))
+            # from ~1e-12 (a fresh tiny model) up by orders of magnitude on every prompt
+            assert bool((mass_after.log() - mass_before.log() > 5.0).all()), (
+                mass_before,
+                mass_after,
+            )
+        # total variation between the choice among the levels before and after, per prompt
+        moved[target] = float(
+            (within_levels(swarm, prompts) - choice_before).abs().sum(1).mean() / 2
+        )
+    assert moved["levels"] < moved["expert"], moved
 
 
 # -- the report's market sections -------------------------------------------------------------

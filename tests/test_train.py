@@ -185,8 +185,8 @@ def test_the_market_options_run_end_to_end(tmp_path):
     """[ours] The market's options together through the real CLI (each is unit-tested in
     tests/test_market.py): the calibrated bid loss forks every agent at sampled states of the bid
     update and logs its calibration error, second-price credit and exploration train the
-    actions, balanced bids are read through the roles' label shares, and the held-out
-    evaluation measures the regret."""
+    actions, balanced bids are read through the roles' label shares, the anchor aims at every
+    level rather than the expert's label, and the held-out evaluation measures the regret."""
     run_dir = run_cli(
         tmp_path,
         "debug=smoke",
@@ -195,10 +195,12 @@ def test_the_market_options_run_end_to_end(tmp_path):
         "credit=second_price",
         "bids.explore=0.5",
         "bids.balanced=true",
+        "bids.anchor_target=levels",
     )
     history = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["bidswarm"]
     action, bid = history["history"]
     assert "loss_action" in action
+    assert action["loss_bid_anchor"] > 0  # -log of the level mass, every agent's prompts
     assert bid["forks/value_states"] > 0 and 0.0 <= bid["bids/calibration_error"] <= 0.8
     assert bid["loss_bid_calibrated"] > 0
     assert "auction/regret/mean" in read_state(run_dir)["eval_after"]

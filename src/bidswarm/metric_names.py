@@ -151,8 +151,9 @@ MARKET_HEALTH = (
 end (``rollout/market.py``)."""
 BID_ANCHOR = "loss_bid_anchor"
 """[ours] The bid anchor's loss in an action update (``bids.anchor_coef`` > 0): the negative
-log-likelihood per token of the task expert's bid labels at the update's bid prompts, before
-the coefficient; ``/<agent>`` per agent, the bare name the mean over the agents."""
+log-likelihood per token of the task expert's bid labels at the update's bid prompts
+(``bids.anchor_target=levels``: -log of the probability that the reply is a level, mean over the
+prompts), before the coefficient; ``/<agent>`` per agent, the bare name the mean over the agents."""
 REGRET = "auction/regret"
 """[ours] Who-should-act regret against a one-step fork oracle, per held-out evaluation
 (``eval.regret_states`` states per world): at a sampled state every agent acts first in a fork

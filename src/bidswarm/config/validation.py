@@ -342,6 +342,12 @@ def _bids_problems(cfg: Any, problems: Problems) -> None:
         f"false with bids.reader={bids.reader}: only a level reader reads the levels' "
         "probabilities it divides by their shares",
     )
+    problems.require(
+        str(bids.anchor_target) == "expert" or bids.anchor_coef > 0,
+        "bids.anchor_target",
+        bids.anchor_target,
+        "expert with bids.anchor_coef=0: there is no anchor to aim (set bids.anchor_coef > 0)",
+    )
     problems.at_least("bids.value_branches", bids.value_branches, 1)
     rule = RULES.get(cfg.coordination.name)
     if bids.relabel_rounds > 0 and (rule is None or rule.asks_bids):

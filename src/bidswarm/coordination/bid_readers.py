@@ -55,6 +55,20 @@ class BidLoss(str, Enum):
     __str__ = str.__str__
 
 
+class AnchorTarget(str, Enum):
+    """What the bid anchor (``bids.anchor_coef``) trains each bid prompt's reply toward
+    (``bids.anchor_target``)."""
+
+    expert = "expert"
+    """The task expert's bid label there (its ``expert_bid`` of the bidder's role)."""
+    levels = "levels"
+    """[ours] Any bid level: the probability that the reply is one of the levels' canonical
+    replies, whichever. It keeps the replies bids, which is what the anchor is for, without
+    teaching the labels' base rates (mostly passes for a role that owns few steps)."""
+
+    __str__ = str.__str__
+
+
 @dataclass
 class BidsConfig:
     """The bid channel (``conf/bids/``): how bids are read, sampled, prompted and kept bids.
@@ -81,6 +95,9 @@ class BidsConfig:
     (DAgger-style labels, free: the expert reads any state). It keeps the bid replies bids
     while the action updates train the same weights, and labels the states the demonstrations
     never reached. 0: off (the paper)."""
+    anchor_target: AnchorTarget = AnchorTarget.expert
+    """What the anchor trains each reply toward (:class:`AnchorTarget`): the expert's label
+    (``expert``) or any level ([ours] ``levels``)."""
     anchor_prompts: int = 64
     """[ours] The most bid prompts per agent the anchor trains on in one action update (evenly
     spaced over the update's episodes)."""

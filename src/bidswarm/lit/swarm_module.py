@@ -44,11 +44,17 @@ from bidswarm.algorithms.schedules import LRSchedule, lr_factor
 from bidswarm.config import RLConfig
 from bidswarm.coordination.bid_readers import BidsConfig
 from bidswarm.lit.accumulation import Backward, GradientAccumulator
-from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss
+from bidswarm.lit.bid_targets import bid_anchor_loss, calibrated_value_loss, level_mass_loss
 from bidswarm.lit.collectives import sum_over_processes
 from bidswarm.lit.memory import gpu_memory, release_cached_blocks
 from bidswarm.lit.sampler_mismatch import LogprobGap, sampled_logprob_rows
-from bidswarm.rollout.batches import ActionBatch, BidBatch, BidLabelBatch, BidValueBatch
+from bidswarm.rollout.batches import (
+    ActionBatch,
+    BidBatch,
+    BidLabelBatch,
+    BidLevelMassBatch,
+    BidValueBatch,
+)
 from bidswarm.rollout.collector import Collector
 from bidswarm.rollout.metrics import timed
 from bidswarm.rollout.usage import Usage
@@ -257,7 +263,7 @@ class SwarmModule(L.LightningModule):
                 name = "loss_action"
                 means = group_means.get(batch.agent)
                 loss = self.action_loss(batch, accumulator.backward, means, extra, gap)
-            elif isinstance(batch, BidLabelBatch | BidValueBatch):
+            elif isinstance(batch, BidLabelBatch | BidLevelMassBatch | BidValueBatch):
                 name, loss = self.bid_target_loss(batch, accumulator.backward)
             else:
                 name = "loss_bid"
@@ -277,14 +283,16 @@ class SwarmModule(L.LightningModule):
         return metrics | {name: float(total) for name, total in totals.items()} | gap.as_metrics()
 
     def bid_target_loss(
-        self, batch: BidLabelBatch | BidValueBatch, backward: Backward
+        self, batch: BidLabelBatch | BidLevelMassBatch | BidValueBatch, backward: Backward
     ) -> tuple[str, torch.Tensor]:
         """The name and loss of a batch of bid targets (``lit/bid_targets.py``): the anchor's
-        expert labels, or the calibrated values of acting."""
+        expert labels or levels, or the calibrated values of acting."""
         policy, budget = self.population.agents[batch.agent], self.rl.micro_batch_tokens
+        coef = self.bids.anchor_coef
         if isinstance(batch, BidLabelBatch):
-            coef = self.bids.anchor_coef
             return names.BID_ANCHOR, bid_anchor_loss(policy, batch, coef, budget, backward)
+        if isinstance(batch, BidLevelMassBatch):
+            return names.BID_ANCHOR, level_mass_loss(policy, batch, coef, budget, backward)
         return names.BID_CALIBRATION, calibrated_value_loss(policy, batch, budget, backward)
 
     def role_decision_baselines(

@@ -119,18 +119,13 @@ class BidLabelBatch(RowBatch):
     reply_ids: list[list[int]]
 
 
-@dataclass(frozen=True)
-class BidValueBatch(LearnerBatch):
-    """One agent's bid prompts at forked states with its measured value of acting there, in
-    bid units (``bids.loss=calibrated``), and the canonical reply of every bid level: the
-    learner moves the agent's distribution over the levels toward each value."""
+class LevelRowsBatch(LearnerBatch):
+    """A batch of bid prompts, each scored with the canonical reply of every bid level (a level
+    distribution per prompt)."""
 
-    agent: int
     prompt_ids: list[list[int]]
-    values: list[float]
-    levels: list[float]
     level_ids: list[list[int]]
-    """The canonical reply of each of ``levels``, in the agent's tokens."""
+    """The canonical reply of each bid level, in the agent's tokens."""
 
     def forwards(self, policy: AgentPolicy, token_budget: int | None) -> list[Forward]:
         """Each prompt with every level's reply, prompts whose rows fit ``token_budget``
@@ -147,6 +142,37 @@ class BidValueBatch(LearnerBatch):
             )
             for part in micro_batches(rows, share)
         ]
+
+
+@dataclass(frozen=True)
+class BidValueBatch(LevelRowsBatch):
+    """One agent's bid prompts at forked states with its measured value of acting there, in
+    bid units (``bids.loss=calibrated``), and the canonical reply of every bid level: the
+    learner moves the agent's distribution over the levels toward each value."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    values: list[float]
+    levels: list[float]
+    level_ids: list[list[int]]
+
+
+@dataclass(frozen=True)
+class BidLevelMassBatch(LevelRowsBatch):
+    """[ours] One agent's bid prompts with the canonical reply of every bid level: the targets
+    of the bid anchor on the levels (``bids.anchor_target=levels``), which raises the
+    probability that the reply is a level, whichever level it is."""
+
+    agent: int
+    prompt_ids: list[list[int]]
+    level_ids: list[list[int]]
+
+
+def evenly_spaced(items: list, limit: int) -> list:
+    """At most ``limit`` of ``items``, evenly spaced over them, in order."""
+    if len(items) <= limit:
+        return items
+    return [items[i * len(items) // limit] for i in range(limit)]
 
 
 def bid_label_batches(
@@ -166,8 +192,7 @@ def bid_label_batches(
                 rows.setdefault(agent, []).append((bid.reply.prompt_ids, level))
     batches = []
     for agent, items in sorted(rows.items()):
-        if len(items) > limit:
-            items = [items[i * len(items) // limit] for i in range(limit)]
+        items = evenly_spaced(items, limit)
         batches.append(
             BidLabelBatch(
                 agent,
@@ -176,6 +201,29 @@ def bid_label_batches(
             )
         )
     return batches
+
+
+def level_mass_batches(
+    episodes: list[Episode],
+    levels: Sequence[float],
+    reply_ids: Callable[[int, float], list[int]],
+    limit: int,
+) -> list[BidLevelMassBatch]:
+    """Per agent that bid, up to ``limit`` of its bid prompts in ``episodes`` (evenly spaced),
+    each with every one of ``levels``' canonical replies (``reply_ids(agent, level)``)."""
+    rows: dict[int, list[list[int]]] = {}
+    for step in (s for e in episodes for s in e.steps):
+        for agent, bid in step.bids.items():
+            if bid.reply.prompt_ids:
+                rows.setdefault(agent, []).append(bid.reply.prompt_ids)
+    return [
+        BidLevelMassBatch(
+            agent,
+            evenly_spaced(prompts, limit),
+            [reply_ids(agent, level) for level in levels],
+        )
+        for agent, prompts in sorted(rows.items())
+    ]
 
 
 def credited_batches(

@@ -28,7 +28,7 @@ from enum import Enum
 from bidswarm import metric_names as names
 from bidswarm.algorithms.credit import CreditRule
 from bidswarm.config import BidSlotWithoutBids, RLConfig
-from bidswarm.coordination.bid_readers import BidLoss, BidsConfig
+from bidswarm.coordination.bid_readers import AnchorTarget, BidLoss, BidsConfig
 from bidswarm.rollout.acting_values import (
     acting_values,
     calibration_pairs,
@@ -39,9 +39,11 @@ from bidswarm.rollout.batches import (
     ActionBatch,
     BidBatch,
     BidLabelBatch,
+    BidLevelMassBatch,
     BidValueBatch,
     bid_label_batches,
     credited_batches,
+    level_mass_batches,
     preference_batches,
 )
 from bidswarm.rollout.forks import ForkExample, fork_pairs
@@ -50,6 +52,7 @@ from bidswarm.rollout.loop import RolloutLoop
 from bidswarm.rollout.market import valid_level_mass
 from bidswarm.rollout.memory_credit import memory_tree_metrics
 from bidswarm.rollout.metrics import episode_metrics, timed
+from bidswarm.rollout.records import Episode
 from bidswarm.rollout.usage import Usage
 
 
@@ -68,7 +71,9 @@ class Collected:
     this process spent on it (``usage``: the update's counts only, not the run's totals)."""
 
     kind: UpdateKind
-    batches: list[ActionBatch | BidLabelBatch] | list[BidBatch] | list[BidValueBatch]
+    batches: (
+        list[ActionBatch | BidLabelBatch | BidLevelMassBatch] | list[BidBatch] | list[BidValueBatch]
+    )
     metrics: dict[str, float]
     usage: Usage = field(default_factory=Usage)
 
@@ -152,6 +157,16 @@ class Collector:
             kind, batches, metrics = self._collect(update, rank)
         return Collected(kind, batches, metrics, usage)
 
+    def anchor_batches(
+        self, episodes: list[Episode]
+    ) -> list[BidLabelBatch] | list[BidLevelMassBatch]:
+        """The bid anchor's batches at ``episodes``' bid prompts (``bids.anchor_target``): the
+        expert's labels, or every level."""
+        swarm, limit = self.loop.swarm, self.bids.anchor_prompts
+        if self.bids.anchor_target == AnchorTarget.levels:
+            return level_mass_batches(episodes, swarm.bid_levels, swarm.level_reply_ids, limit)
+        return bid_label_batches(episodes, swarm.roles, swarm.level_reply_ids, limit)
+
     def _collect(self, update: int, rank: int) -> tuple[UpdateKind, list, dict[str, float]]:
         kind = self.update_kind(update)
         swarm = self.loop.swarm
@@ -171,20 +186,19 @@ class Collector:
         metrics = episode_metrics(episodes, swarm.roles, swarm.bid_levels)
         if self.bids.mass_probe_prompts:
             metrics |= valid_level_mass(swarm, episodes, self.bids.mass_probe_prompts)
-        batches: list[ActionBatch | BidLabelBatch] | list[BidBatch] | list[BidValueBatch]
+        batches: (
+            list[ActionBatch | BidLabelBatch | BidLevelMassBatch]
+            | list[BidBatch]
+            | list[BidValueBatch]
+        )
         if kind == UpdateKind.action:
             with timed(timings, "credit"):
                 batches, discarded = credited_batches(
                     episodes, self.credit_rule, rng, swarm.bid_levels
                 )
             metrics["credit/discarded"] = discarded
-            if self.bids.anchor_coef > 0:  # the bid anchor's labels, the swarm's own states
-                batches = [
-                    *batches,
-                    *bid_label_batches(
-                        episodes, swarm.roles, swarm.level_reply_ids, self.bids.anchor_prompts
-                    ),
-                ]
+            if self.bids.anchor_coef > 0:  # the bid anchor, at the swarm's own states
+                batches = [*batches, *self.anchor_batches(episodes)]
             if self.credit_rule.reads_memory:  # contribution trees: their diagnostics
                 metrics |= memory_tree_metrics(
                     episodes, self.credit_rule, swarm.roles, swarm.bid_levels
