@@ -298,16 +298,23 @@ def test_anchor_labels_are_the_experts_level_for_each_bidders_role():
     assert all(len(b.prompt_ids) == 3 for b in capped)
 
 
-def test_the_anchor_moves_the_bid_policy_onto_the_experts_levels():
+def logger_bid_prompts():
+    """A fresh swarm, its logger's bid prompts in four worlds' first states and the expert's
+    label there (each the level's canonical reply)."""
     swarm = build_swarm()
     envs = [make_env(task()) for _ in range(4)]
     for seed, env in enumerate(envs):
         env.reset(seed)
-    policy = swarm.population.agents[0]
-    prompts = policy.encode_prompts(
+    prompts = swarm.population.agents[0].encode_prompts(
         [swarm.prompts.bid("logger", e.observation("logger")) for e in envs]
     )
     labels = [swarm.level_reply_ids(0, expert_levels(e, LEVELS)["logger"]) for e in envs]
+    return swarm, prompts, labels
+
+
+def test_the_anchor_moves_the_bid_policy_onto_the_experts_levels():
+    swarm, prompts, labels = logger_bid_prompts()
+    policy = swarm.population.agents[0]
     batch = BidLabelBatch(0, prompts, labels)
     mass_before = sum(swarm.level_mass(0, prompts)) / len(prompts)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
@@ -344,16 +351,9 @@ def test_the_level_anchor_raises_the_level_mass_and_leaves_the_choice_to_the_mod
     label anchor, trained alike, moves them toward the expert's labels."""
     moved = {}
     for target in ("levels", "expert"):
-        swarm = build_swarm()
-        envs = [make_env(task()) for _ in range(4)]
-        for seed, env in enumerate(envs):
-            env.reset(seed)
+        swarm, prompts, labels = logger_bid_prompts()
         policy = swarm.population.agents[0]
-        prompts = policy.encode_prompts(
-            [swarm.prompts.bid("logger", e.observation("logger")) for e in envs]
-        )
         level_ids = [swarm.level_reply_ids(0, level) for level in LEVELS]
-        labels = [swarm.level_reply_ids(0, expert_levels(e, LEVELS)["logger"]) for e in envs]
         mass_before = torch.tensor(swarm.level_mass(0, prompts))
         choice_before = within_levels(swarm, prompts)
         optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1e-2)
