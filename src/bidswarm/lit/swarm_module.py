@@ -50,6 +50,7 @@ from bidswarm.lit.memory import gpu_memory, release_cached_blocks
 from bidswarm.lit.sampler_mismatch import LogprobGap, sampled_logprob_rows
 from bidswarm.rollout.batches import (
     ActionBatch,
+    AnchorBatch,
     BidBatch,
     BidLabelBatch,
     BidLevelMassBatch,
@@ -263,7 +264,7 @@ class SwarmModule(L.LightningModule):
                 name = "loss_action"
                 means = group_means.get(batch.agent)
                 loss = self.action_loss(batch, accumulator.backward, means, extra, gap)
-            elif isinstance(batch, BidLabelBatch | BidLevelMassBatch | BidValueBatch):
+            elif isinstance(batch, AnchorBatch | BidValueBatch):
                 name, loss = self.bid_target_loss(batch, accumulator.backward)
             else:
                 name = "loss_bid"
@@ -283,7 +284,7 @@ class SwarmModule(L.LightningModule):
         return metrics | {name: float(total) for name, total in totals.items()} | gap.as_metrics()
 
     def bid_target_loss(
-        self, batch: BidLabelBatch | BidLevelMassBatch | BidValueBatch, backward: Backward
+        self, batch: AnchorBatch | BidValueBatch, backward: Backward
     ) -> tuple[str, torch.Tensor]:
         """The name and loss of a batch of bid targets (``lit/bid_targets.py``): the anchor's
         expert labels or levels, or the calibrated values of acting."""

@@ -168,6 +168,10 @@ class BidLevelMassBatch(LevelRowsBatch):
     level_ids: list[list[int]]
 
 
+AnchorBatch = BidLabelBatch | BidLevelMassBatch
+"""The bid anchor's batch of one agent (``bids.anchor_target``), added to action updates."""
+
+
 def evenly_spaced(items: list, limit: int) -> list:
     """At most ``limit`` of ``items``, evenly spaced over them, in order."""
     if len(items) <= limit:

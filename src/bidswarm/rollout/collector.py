@@ -37,6 +37,7 @@ from bidswarm.rollout.acting_values import (
 )
 from bidswarm.rollout.batches import (
     ActionBatch,
+    AnchorBatch,
     BidBatch,
     BidLabelBatch,
     BidLevelMassBatch,
@@ -71,9 +72,7 @@ class Collected:
     this process spent on it (``usage``: the update's counts only, not the run's totals)."""
 
     kind: UpdateKind
-    batches: (
-        list[ActionBatch | BidLabelBatch | BidLevelMassBatch] | list[BidBatch] | list[BidValueBatch]
-    )
+    batches: list[ActionBatch | AnchorBatch] | list[BidBatch] | list[BidValueBatch]
     metrics: dict[str, float]
     usage: Usage = field(default_factory=Usage)
 
@@ -186,11 +185,7 @@ class Collector:
         metrics = episode_metrics(episodes, swarm.roles, swarm.bid_levels)
         if self.bids.mass_probe_prompts:
             metrics |= valid_level_mass(swarm, episodes, self.bids.mass_probe_prompts)
-        batches: (
-            list[ActionBatch | BidLabelBatch | BidLevelMassBatch]
-            | list[BidBatch]
-            | list[BidValueBatch]
-        )
+        batches: list[ActionBatch | AnchorBatch] | list[BidBatch] | list[BidValueBatch]
         if kind == UpdateKind.action:
             with timed(timings, "credit"):
                 batches, discarded = credited_batches(
