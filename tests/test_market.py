@@ -642,6 +642,17 @@ def test_the_market_table_script_reads_run_folders_and_pairs_the_gap(tmp_path):
         text=True,
     )
     assert missing.returncode != 0 and "nothing" in missing.stderr
+    # a run that has not finished RL (no evaluation after it) is named, not left out
+    training = run_folder("t0", 0, 10.0, 15.0)
+    state = json.loads((training / "state.json").read_text())
+    del state["eval_after"]
+    (training / "state.json").write_text(json.dumps(state))
+    unfinished = subprocess.run(
+        [sys.executable, str(script), "--arm", f"a={folders[0]}", str(training)],
+        capture_output=True,
+        text=True,
+    )
+    assert unfinished.returncode != 0 and "t0" in unfinished.stderr
     # a run with no choice of actor (the monolithic agent: no bids, no rule to swap) gets "–"
     # where the market's cells would be, and its reward still pairs with the reference's
     alone = tmp_path / "m0"
