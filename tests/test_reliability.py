@@ -8,6 +8,7 @@ faults and the test that shows each is ``docs/reliability.md``.
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -389,6 +391,30 @@ def test_freed_heap_memory_goes_back_to_the_system_between_phases():
     release_cached_blocks(torch.device("cpu"))
     assert before - resident_bytes() > 200 * 2**20
     assert len(last) == 64 * 1024  # kept alive until here
+
+
+def test_tensors_that_only_a_reference_cycle_holds_are_freed_between_phases():
+    """What only an unreachable cycle still holds (an optimizer and the trainer that refers to
+    it) is freed when Python's collector next runs, however much it is: between phases
+    :func:`release_cached_blocks` runs it, on any device."""
+
+    class Holder:
+        pass
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection in between: only the release may free it
+    try:
+        holder = Holder()
+        holder.itself = holder
+        holder.states = torch.zeros(1024, 1024)
+        states = weakref.ref(holder.states)
+        del holder
+        assert states() is not None  # unreachable, not yet freed
+        release_cached_blocks(torch.device("cpu"))
+        assert states() is None
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def test_a_full_disk_during_a_save_keeps_the_last_checkpoint_and_frees_the_partial_one(
