@@ -155,10 +155,12 @@ def main() -> None:
         missing = [str(p) for p in paths if not (p / "state.json").is_file()]
         if missing:
             parser.error(f"--arm {name}: no state.json in {', '.join(missing)}")
-        unfinished = [str(p) for p in paths if "eval_after" not in load(p)[1]]
+        runs = [load(p) for p in paths]
+        finished = ["eval_after" in state for _, state in runs]
+        unfinished = [str(p) for p, done in zip(paths, finished, strict=True) if not done]
         if unfinished:  # a run still training, or stopped: its row would be a guess
             parser.error(f"--arm {name}: no evaluation after RL in {', '.join(unfinished)}")
-        arms[name] = sorted(load(p) for p in paths)
+        arms[name] = sorted(runs)
     print(
         "| arm | seed | held-out reward SFT → RL | actor = expert's choice SFT → RL "
         "(on / off its path) | lowest valid bid mass after RL | expert_owner − own after RL "
